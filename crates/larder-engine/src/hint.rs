@@ -1,0 +1,143 @@
+//! Hint files: a sealed volume's records in index form, so recovery need not read the volume.
+//!
+//! Written by a background thread after a volume is sealed (temporary name, fsync, rename,
+//! directory fsync). A hint names the slot, generation and sequence it describes and the data
+//! length it covers, and ends with a CRC32C of everything before it; recovery uses it only if
+//! all of these match the volume, and scans the volume otherwise.
+
+use crate::volume::VolumeHeader;
+
+/// Hint file format version written by this build.
+pub const HINT_VERSION: u32 = 1;
+const MAGIC: &[u8; 8] = b"LARDHINT";
+const HEADER_LEN: usize = 48;
+/// Size of one fixed hint entry (a drop entry is followed by its key).
+pub const ENTRY_LEN: usize = 24;
+const DROP_BIT: u64 = 1 << 63;
+
+/// One record of a volume, as recovery needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HintEntry {
+    /// A live value: index `hash` at `offset`, `len` bytes long, expiring at `expiry_ms`.
+    Put {
+        /// Seeded key hash.
+        hash: u64,
+        /// Record offset in the volume.
+        offset: u64,
+        /// Record length without padding.
+        len: u32,
+        /// Expiry in ms since the epoch, 0 = never.
+        expiry_ms: u64,
+    },
+    /// A tombstone, or a damaged record whose key is known: drop `key` if the index holds it.
+    Drop {
+        /// Seeded key hash.
+        hash: u64,
+        /// Record offset in the volume.
+        offset: u64,
+        /// Record length without padding.
+        len: u32,
+        /// The full key, to settle hash collisions.
+        key: Vec<u8>,
+    },
+}
+
+/// Encodes a hint for the volume `vh` covering `data_len` bytes of it.
+pub fn encode(vh: &VolumeHeader, data_len: u64, entries: &[HintEntry]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(HEADER_LEN + entries.len() * ENTRY_LEN + 4);
+    b.extend_from_slice(MAGIC);
+    b.extend_from_slice(&HINT_VERSION.to_le_bytes());
+    b.extend_from_slice(&vh.slot.to_le_bytes());
+    b.extend_from_slice(&vh.generation.to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    b.extend_from_slice(&vh.sequence.to_le_bytes());
+    b.extend_from_slice(&data_len.to_le_bytes());
+    b.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    for e in entries {
+        let (hash, offset, len, tail) = match e {
+            HintEntry::Put { hash, offset, len, expiry_ms } => (hash, offset, len, *expiry_ms & !DROP_BIT),
+            HintEntry::Drop { hash, offset, len, .. } => (hash, offset, len, DROP_BIT),
+        };
+        b.extend_from_slice(&hash.to_le_bytes());
+        b.extend_from_slice(&((offset / 8) as u32).to_le_bytes());
+        b.extend_from_slice(&len.to_le_bytes());
+        b.extend_from_slice(&tail.to_le_bytes());
+        if let HintEntry::Drop { key, .. } = e {
+            b.extend_from_slice(&(key.len() as u16).to_le_bytes());
+            b.extend_from_slice(key);
+        }
+    }
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Decodes a hint and checks it describes exactly `vh` with `data_len` bytes; `None` otherwise.
+pub fn decode(b: &[u8], vh: &VolumeHeader, data_len: u64) -> Option<Vec<HintEntry>> {
+    if b.len() < HEADER_LEN + 4 || &b[0..8] != MAGIC {
+        return None;
+    }
+    let (body, crc) = b.split_at(b.len() - 4);
+    if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().unwrap()) {
+        return None;
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap());
+    let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
+    if u32_at(8) != HINT_VERSION
+        || u32_at(12) != vh.slot
+        || u32_at(16) != vh.generation
+        || u64_at(24) != vh.sequence
+        || u64_at(32) != data_len
+    {
+        return None;
+    }
+    let count = u64_at(40) as usize;
+    let mut entries = Vec::with_capacity(count.min(body.len() / ENTRY_LEN));
+    let mut at = HEADER_LEN;
+    for _ in 0..count {
+        if at + ENTRY_LEN > body.len() {
+            return None;
+        }
+        let hash = u64_at(at);
+        let offset = u32_at(at + 8) as u64 * 8;
+        let len = u32_at(at + 12);
+        let tail = u64_at(at + 16);
+        at += ENTRY_LEN;
+        if tail & DROP_BIT == 0 {
+            entries.push(HintEntry::Put { hash, offset, len, expiry_ms: tail });
+        } else {
+            if at + 2 > body.len() {
+                return None;
+            }
+            let klen = u16::from_le_bytes([body[at], body[at + 1]]) as usize;
+            at += 2;
+            let key = body.get(at..at + klen)?.to_vec();
+            at += klen;
+            entries.push(HintEntry::Drop { hash, offset, len, key });
+        }
+    }
+    (at == body.len()).then_some(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_mismatch() {
+        let vh = VolumeHeader { slot: 2, generation: 5, sequence: 9, created_ms: 0, dir_id: [0; 16] };
+        let entries = vec![
+            HintEntry::Put { hash: 1, offset: 64, len: 60, expiry_ms: 0 },
+            HintEntry::Drop { hash: 2, offset: 128, len: 52, key: b"gone".to_vec() },
+            HintEntry::Put { hash: 3, offset: 184, len: 4096, expiry_ms: 12345 },
+        ];
+        let b = encode(&vh, 5000, &entries);
+        assert_eq!(decode(&b, &vh, 5000), Some(entries));
+        assert_eq!(decode(&b, &vh, 5008), None);
+        assert_eq!(decode(&b, &VolumeHeader { generation: 6, ..vh }, 5000), None);
+        let mut d = b.clone();
+        d[60] ^= 1;
+        assert_eq!(decode(&d, &vh, 5000), None);
+        assert_eq!(decode(&b[..b.len() - 1], &vh, 5000), None);
+    }
+}

@@ -1,0 +1,90 @@
+//! The small OS layer: positional reads and writes on files kept open, data syncs, and
+//! atomic file replacement. Everything above this module is free of OS specifics.
+
+use std::fs::File;
+use std::io::{self, IoSlice};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// Reads up to `buf.len()` bytes at `offset`; returns how many were read (short at EOF).
+pub fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Writes all of `parts`, in order, starting at `offset`, without first joining them.
+pub fn write_all_vectored_at(file: &File, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let mut slices: Vec<IoSlice<'_>> = parts.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)).collect();
+        let mut bufs = &mut slices[..];
+        let mut at = offset;
+        while !bufs.is_empty() {
+            // SAFETY: IoSlice is ABI-compatible with iovec; the slices outlive the call.
+            let n = unsafe {
+                libc::pwritev(file.as_raw_fd(), bufs.as_ptr() as *const libc::iovec, bufs.len().min(1024) as i32, at as i64)
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote nothing"));
+            }
+            at += n as u64;
+            IoSlice::advance_slices(&mut bufs, n as usize);
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let mut at = offset;
+        for p in parts {
+            file.write_all_at(p, at)?;
+            at += p.len() as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Makes a file's data durable (fdatasync where available).
+pub fn sync_data(file: &File) -> io::Result<()> {
+    file.sync_data()
+}
+
+/// Makes directory entries (creations, renames, removals) in `dir` durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Replaces `path` with `bytes` atomically: temporary file, fsync, rename, directory fsync.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let f = File::create(&tmp)?;
+        f.write_all_at(bytes, 0)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+/// Removes a file; a missing file is not an error.
+pub fn remove_if_exists(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}

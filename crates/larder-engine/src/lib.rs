@@ -1,0 +1,27 @@
+//! larder-engine: the storage engine of the larder cache, usable on its own.
+//!
+//! Values are appended as checksummed records to a few large volume files that form a ring
+//! (the oldest volume is reused first), and found through a compact in-memory index of key
+//! hashes. No HTTP here: see `Store` for the API.
+//!
+//! ```
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = larder_engine::Store::open(larder_engine::StoreConfig::new(dir.path())).unwrap();
+//! store.put(b"greeting", b"hello world").unwrap();
+//! assert_eq!(&store.get(b"greeting").unwrap().unwrap().data[..], b"hello world");
+//! assert!(store.delete(b"greeting").unwrap());
+//! assert!(store.get(b"greeting").unwrap().is_none());
+//! ```
+
+mod error;
+pub mod hint;
+pub mod index;
+pub mod io;
+pub mod manifest;
+pub mod record;
+pub mod recovery;
+mod store;
+pub mod volume;
+
+pub use error::{Error, ErrorKind, Result};
+pub use store::{now_ms, FsyncPolicy, Position, Stats, Store, StoreConfig, Value, MIN_VOLUME_SIZE};

@@ -1,0 +1,302 @@
+//! The on-disk record: encode, decode and verify. Pure functions, no IO.
+//!
+//! A record is a 48-byte header, the key, a metadata block and the value, padded with zeros
+//! to a multiple of [`ALIGN`] bytes so that index offsets can be stored in 8-byte units. Two
+//! checksums protect it: `hcrc` covers the header and key (so a record whose value is damaged
+//! still says reliably *which* key it belonged to), `crc` covers everything after itself up to
+//! the end of the value. The byte table lives in docs/FORMAT.md; change both together.
+
+/// Record format version written by this build. Bump when the header layout changes, and keep
+/// a decoder for the previous version so an upgrade does not throw the cache away.
+pub const RECORD_VERSION: u8 = 1;
+/// Magic at the start of every record: "LRC" and the record format version.
+pub const MAGIC: u32 = u32::from_le_bytes([b'L', b'R', b'C', RECORD_VERSION]);
+/// Size of the fixed record header in bytes.
+pub const HEADER_LEN: usize = 48;
+/// Records start at multiples of this many bytes.
+pub const ALIGN: u64 = 8;
+/// Longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+/// Longest metadata block accepted, in bytes.
+pub const MAX_META_LEN: usize = 4096;
+
+/// Flag bit: this record is a tombstone (a DELETE); it has no value.
+pub const FLAG_TOMBSTONE: u16 = 1;
+
+const _: () = assert!(HEADER_LEN % ALIGN as usize == 0);
+
+/// The decoded fixed header of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// `FLAG_*` bits.
+    pub flags: u16,
+    /// Key length in bytes.
+    pub key_len: u16,
+    /// Value length in bytes.
+    pub value_len: u32,
+    /// Metadata block length in bytes (content type and the like; 0 today).
+    pub meta_len: u16,
+    /// Generation of the volume slot the record was written in.
+    pub generation: u32,
+    /// Store time, milliseconds since the Unix epoch.
+    pub stored_ms: u64,
+    /// Expiry time, milliseconds since the Unix epoch; 0 = never.
+    pub expiry_ms: u64,
+}
+
+impl Header {
+    /// Length of header + key + metadata + value, without padding.
+    pub fn record_len(&self) -> u64 {
+        HEADER_LEN as u64 + self.key_len as u64 + self.meta_len as u64 + self.value_len as u64
+    }
+
+    /// Length the record occupies in its volume, padding included.
+    pub fn padded_len(&self) -> u64 {
+        padded(self.record_len())
+    }
+
+    /// Whether this record is a tombstone.
+    pub fn is_tombstone(&self) -> bool {
+        self.flags & FLAG_TOMBSTONE != 0
+    }
+}
+
+/// `len` rounded up to the record alignment.
+pub fn padded(len: u64) -> u64 {
+    len.div_ceil(ALIGN) * ALIGN
+}
+
+/// Why bytes did not decode as a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Fewer bytes than the header (or the lengths it announces) need.
+    Short,
+    /// The magic number is wrong: not a record start.
+    BadMagic,
+    /// The header or key checksum failed: nothing in the header can be trusted.
+    BadHeader,
+    /// Header and key are sound but the value or metadata checksum failed.
+    BadBody,
+}
+
+/// Bytes needed for a record with these lengths, padding included.
+pub fn encoded_len(key_len: usize, meta_len: usize, value_len: usize) -> usize {
+    padded((HEADER_LEN + key_len + meta_len + value_len) as u64) as usize
+}
+
+/// Appends one encoded record (padded) to `out`.
+///
+/// The caller guarantees `key.len() <= MAX_KEY_LEN`, `meta.len() <= MAX_META_LEN` and
+/// `value.len() <= u32::MAX`.
+pub fn encode_into(out: &mut Vec<u8>, h: &Header, key: &[u8], meta: &[u8], value: &[u8]) {
+    let start = out.len();
+    encode_prefix(out, h, key, meta, value.len(), crc32c::crc32c(value));
+    out.extend_from_slice(value);
+    let len = out.len() - start;
+    out.resize(start + padded(len as u64) as usize, 0);
+}
+
+/// Appends header, key and metadata of a record whose value (of `value_len` bytes with
+/// CRC32C `value_crc`) the caller writes right after, followed by zero padding up to
+/// [`padded`] of the record length. Lets the writer hand the value to the kernel without
+/// copying it into a record buffer.
+pub fn encode_prefix(out: &mut Vec<u8>, h: &Header, key: &[u8], meta: &[u8], value_len: usize, value_crc: u32) {
+    debug_assert!(key.len() <= MAX_KEY_LEN && meta.len() <= MAX_META_LEN);
+    debug_assert!(value_len <= u32::MAX as usize);
+    let start = out.len();
+    out.extend_from_slice(&MAGIC.to_le_bytes());
+    out.extend_from_slice(&[0u8; 8]); // crc and hcrc, filled below
+    out.extend_from_slice(&h.flags.to_le_bytes());
+    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(value_len as u32).to_le_bytes());
+    out.extend_from_slice(&(meta.len() as u16).to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes()); // reserved
+    out.extend_from_slice(&h.generation.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes()); // reserved
+    out.extend_from_slice(&h.stored_ms.to_le_bytes());
+    out.extend_from_slice(&h.expiry_ms.to_le_bytes());
+    debug_assert_eq!(out.len() - start, HEADER_LEN);
+    out.extend_from_slice(key);
+    let hcrc = crc32c::crc32c_append(crc32c::crc32c(&out[start + 12..start + HEADER_LEN]), key);
+    out[start + 8..start + 12].copy_from_slice(&hcrc.to_le_bytes());
+    out.extend_from_slice(meta);
+    let prefix_crc = crc32c::crc32c(&out[start + 8..]);
+    let crc = crc32c::crc32c_combine(prefix_crc, value_crc, value_len);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// Decodes and verifies the header and key at the start of `buf`.
+///
+/// Needs `HEADER_LEN + key_len` bytes; returns `Short` when `buf` has fewer.
+pub fn decode_header(buf: &[u8]) -> Result<Header, DecodeError> {
+    if buf.len() < HEADER_LEN {
+        return Err(DecodeError::Short);
+    }
+    if u32_at(buf, 0) != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let h = Header {
+        flags: u16_at(buf, 12),
+        key_len: u16_at(buf, 14),
+        value_len: u32_at(buf, 16),
+        meta_len: u16_at(buf, 20),
+        generation: u32_at(buf, 24),
+        stored_ms: u64_at(buf, 32),
+        expiry_ms: u64_at(buf, 40),
+    };
+    let key_end = HEADER_LEN + h.key_len as usize;
+    if h.key_len as usize > MAX_KEY_LEN || h.meta_len as usize > MAX_META_LEN {
+        return Err(DecodeError::BadHeader);
+    }
+    if buf.len() < key_end {
+        return Err(DecodeError::Short);
+    }
+    let hcrc = crc32c::crc32c_append(crc32c::crc32c(&buf[12..HEADER_LEN]), &buf[HEADER_LEN..key_end]);
+    if hcrc != u32_at(buf, 8) {
+        return Err(DecodeError::BadHeader);
+    }
+    Ok(h)
+}
+
+/// A verified record borrowed from a buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordRef<'a> {
+    /// The header.
+    pub header: Header,
+    /// The key bytes.
+    pub key: &'a [u8],
+    /// The metadata block.
+    pub meta: &'a [u8],
+    /// Byte range of the value inside the buffer given to [`decode`].
+    pub value_range: (usize, usize),
+}
+
+/// Decodes and fully verifies (both checksums) the record at the start of `buf`.
+pub fn decode(buf: &[u8]) -> Result<RecordRef<'_>, DecodeError> {
+    let header = decode_header(buf)?;
+    let len = header.record_len() as usize;
+    if buf.len() < len {
+        return Err(DecodeError::Short);
+    }
+    if crc32c::crc32c(&buf[8..len]) != u32_at(buf, 4) {
+        return Err(DecodeError::BadBody);
+    }
+    let key_end = HEADER_LEN + header.key_len as usize;
+    let meta_end = key_end + header.meta_len as usize;
+    Ok(RecordRef {
+        header,
+        key: &buf[HEADER_LEN..key_end],
+        meta: &buf[key_end..meta_end],
+        value_range: (meta_end, len),
+    })
+}
+
+/// Encodes a record length (bytes) into a 9-bit size class whose upper bound is at most 1/16
+/// above the length. The index stores the class instead of the length: a reader reads the
+/// upper bound in one positional read and learns the exact length from the header.
+pub fn size_class(len: u64) -> u16 {
+    let units = len.div_ceil(ALIGN).max(1);
+    if units < 32 {
+        return units as u16;
+    }
+    let top = 63 - units.leading_zeros() as u64; // >= 5
+    let mut shift = top - 4;
+    let mut mant = units >> shift; // 16..=31
+    if units & ((1 << shift) - 1) != 0 {
+        mant += 1;
+    }
+    if mant == 32 {
+        mant = 16;
+        shift += 1;
+    }
+    (32 + (shift - 1) * 16 + (mant - 16)) as u16
+}
+
+/// Upper bound in bytes of a size class made by [`size_class`].
+pub fn size_class_bytes(class: u16) -> u64 {
+    let c = class as u64;
+    let units = if c < 32 { c } else { (16 + (c - 32) % 16) << ((c - 32) / 16 + 1) };
+    units * ALIGN
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(flags: u16) -> Header {
+        Header { flags, key_len: 0, value_len: 0, meta_len: 0, generation: 7, stored_ms: 1, expiry_ms: 0 }
+    }
+
+    #[test]
+    fn round_trip_and_padding() {
+        let mut buf = Vec::new();
+        encode_into(&mut buf, &header(0), b"some/key", b"", b"hello world");
+        assert_eq!(buf.len() % ALIGN as usize, 0);
+        assert_eq!(buf.len(), encoded_len(8, 0, 11));
+        let r = decode(&buf).unwrap();
+        assert_eq!(r.key, b"some/key");
+        assert_eq!(&buf[r.value_range.0..r.value_range.1], b"hello world");
+        assert_eq!(r.header.generation, 7);
+        assert_eq!(r.header.record_len(), (HEADER_LEN + 8 + 11) as u64);
+    }
+
+    #[test]
+    fn value_damage_keeps_header_trustworthy() {
+        let mut buf = Vec::new();
+        encode_into(&mut buf, &header(0), b"k", b"", &[9u8; 100]);
+        buf[HEADER_LEN + 10] ^= 0x40;
+        assert_eq!(decode(&buf).unwrap_err(), DecodeError::BadBody);
+        assert_eq!(decode_header(&buf).unwrap().value_len, 100);
+    }
+
+    #[test]
+    fn header_or_key_damage_is_detected() {
+        let mut buf = Vec::new();
+        encode_into(&mut buf, &header(FLAG_TOMBSTONE), b"key", b"", b"");
+        for at in 8..HEADER_LEN + 3 {
+            let mut b = buf.clone();
+            b[at] ^= 1;
+            assert!(decode(&b).is_err(), "flip at {at} went unnoticed");
+        }
+        let mut b = buf.clone();
+        b[0] ^= 1;
+        assert_eq!(decode(&b).unwrap_err(), DecodeError::BadMagic);
+    }
+
+    #[test]
+    fn short_buffers_say_short() {
+        let mut buf = Vec::new();
+        encode_into(&mut buf, &header(0), b"key", b"", b"value");
+        for cut in [0, 10, HEADER_LEN, HEADER_LEN + 2, HEADER_LEN + 5] {
+            assert_eq!(decode(&buf[..cut]).unwrap_err(), DecodeError::Short, "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn size_class_bounds_are_tight_and_monotone() {
+        let mut last = 0;
+        // Up to the longest possible record: a u32 value plus header, key and metadata.
+        let longest = u32::MAX as u64 + (HEADER_LEN + MAX_KEY_LEN + MAX_META_LEN) as u64;
+        for (i, len) in (1..5000u64).chain((1..33).map(|s| 1u64 << s)).chain([longest]).enumerate() {
+            let c = size_class(len);
+            assert!(c < 512, "class {c} for {len} does not fit 9 bits");
+            let ub = size_class_bytes(c);
+            assert!(ub >= len, "bound {ub} below {len}");
+            assert!(ub <= padded(len) + padded(len) / 16, "bound {ub} too loose for {len}");
+            if i < 4999 {
+                assert!(c >= last, "class of {len} smaller than of {}", len - 1);
+                last = c;
+            }
+        }
+    }
+}
