@@ -1,0 +1,321 @@
+//! Configuration: command-line flags and the TOML file (same names), flags winning, and the
+//! parsers for sizes and durations. Parsing is pure so it is tested without a server.
+
+use clap::Args;
+use larder_engine::FsyncPolicy;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Parses a size: a bare integer is bytes; KB/MB/GB/TB are powers of 1000 and
+/// KiB/MiB/GiB/TiB powers of 1024; case-insensitive; `B` alone is bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?}: expected e.g. 4096, 64KiB, 1GB"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1000,
+        "mb" => 1000_000,
+        "gb" => 1000_000_000,
+        "tb" => 1000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        _ => return Err(format!("invalid size unit in {s:?}: use KB, MB, GB, KiB, MiB or GiB")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// Parses a duration: `ms`, `s`, `m`, `h` suffixes; a bare integer is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 1s, 5m"))?;
+    match unit.trim().to_ascii_lowercase().as_str() {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+    }
+}
+
+/// Parses `never`, `always` or a duration.
+pub fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "never" => Ok(FsyncPolicy::Never),
+        "always" => Ok(FsyncPolicy::Always),
+        other => match parse_duration(other) {
+            Ok(d) if d.is_zero() => Ok(FsyncPolicy::Always),
+            Ok(d) => Ok(FsyncPolicy::Every(d)),
+            Err(_) => Err(format!("invalid --fsync {s:?}: use never, always or a duration such as 1s")),
+        },
+    }
+}
+
+/// `larder serve` flags. Every flag has a same-named key (with `_`) in the TOML file.
+#[derive(Args, Debug, Default)]
+pub struct ServeArgs {
+    /// TOML configuration file; flags given on the command line override its keys.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Data directory holding the manifest, volume and hint files [default: ./larder-data].
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Vec<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:1234].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Size of each volume file, e.g. 1GiB or 512MB [default: 1GiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub volume_size: Option<u64>,
+    /// Volume files in the ring; disk use is at most volume-count x volume-size [default: 16].
+    #[arg(long, value_name = "N")]
+    pub volume_count: Option<u32>,
+    /// Largest value accepted; larger PUTs get 413 [default: 1MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_value_size: Option<u64>,
+    /// When writes become durable: never (the OS decides), always (fdatasync before the 200,
+    /// shared by concurrent requests), or a DURATION such as 1s (background fdatasync; bounds
+    /// what a power loss can take) [default: 1s].
+    #[arg(long, value_name = "never|always|DURATION", value_parser = parse_fsync)]
+    pub fsync: Option<FsyncPolicy>,
+    /// Requests slower than this are logged as warnings [default: 100ms].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub slow_request: Option<Duration>,
+    /// Log every request (method, path, status, bytes, microseconds) at info level [default: off].
+    #[arg(long)]
+    pub access_log: bool,
+    /// Log level or tracing filter directive, e.g. info or larder=debug; RUST_LOG overrides
+    /// [default: warn].
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// Largest request header block; larger gets 431 [default: 16KiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_header_size: Option<u64>,
+    /// Longest request URI; longer gets 414 [default: 8KiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_uri_size: Option<u64>,
+    /// Time allowed to send a request's headers [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub header_timeout: Option<Duration>,
+    /// Keep-alive connections with no traffic for this long are closed [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub idle_timeout: Option<Duration>,
+}
+
+/// A size in the TOML file: an integer (bytes) or a string such as "1GiB".
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    fn bytes(&self) -> Result<u64, String> {
+        match self {
+            SizeValue::Bytes(n) => Ok(*n),
+            SizeValue::Text(s) => parse_size(s),
+        }
+    }
+}
+
+/// A duration in the TOML file: an integer (seconds) or a string such as "500ms".
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum DurationValue {
+    Secs(u64),
+    Text(String),
+}
+
+impl DurationValue {
+    fn duration(&self) -> Result<Duration, String> {
+        match self {
+            DurationValue::Secs(n) => Ok(Duration::from_secs(*n)),
+            DurationValue::Text(s) => parse_duration(s),
+        }
+    }
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum DirsValue {
+    One(PathBuf),
+    Many(Vec<PathBuf>),
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    data_dir: Option<DirsValue>,
+    listen: Option<SocketAddr>,
+    volume_size: Option<SizeValue>,
+    volume_count: Option<u32>,
+    max_value_size: Option<SizeValue>,
+    fsync: Option<DurationOrWord>,
+    slow_request: Option<DurationValue>,
+    access_log: Option<bool>,
+    log_level: Option<String>,
+    max_header_size: Option<SizeValue>,
+    max_uri_size: Option<SizeValue>,
+    header_timeout: Option<DurationValue>,
+    idle_timeout: Option<DurationValue>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum DurationOrWord {
+    Secs(u64),
+    Text(String),
+}
+
+/// The settings the server runs with, after defaults, file and flags.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Bytes per volume.
+    pub volume_size: u64,
+    /// Volumes in the ring.
+    pub volume_count: u32,
+    /// Largest value accepted.
+    pub max_value_size: u64,
+    /// Durability policy.
+    pub fsync: FsyncPolicy,
+    /// Slow-request warning threshold.
+    pub slow_request: Duration,
+    /// Whether every request is logged.
+    pub access_log: bool,
+    /// Log filter.
+    pub log_level: String,
+    /// Header block limit.
+    pub max_header_size: u64,
+    /// URI length limit.
+    pub max_uri_size: u64,
+    /// Header read timeout.
+    pub header_timeout: Duration,
+    /// Idle connection timeout.
+    pub idle_timeout: Duration,
+}
+
+impl ServeArgs {
+    /// Merges defaults, the config file (if any) and the flags.
+    pub fn settings(&self) -> Result<Settings, String> {
+        let file: FileConfig = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+                toml::from_str(&text).map_err(|e| format!("in {}: {e}", path.display()))?
+            }
+            None => FileConfig::default(),
+        };
+        let file_dirs = match file.data_dir {
+            Some(DirsValue::One(d)) => vec![d],
+            Some(DirsValue::Many(d)) => d,
+            None => vec![],
+        };
+        let dirs = if self.data_dir.is_empty() { file_dirs } else { self.data_dir.clone() };
+        if dirs.len() > 1 {
+            return Err("several data directories are not supported yet; give one --data-dir".into());
+        }
+        let size = |flag: Option<u64>, key: &Option<SizeValue>, default: u64| -> Result<u64, String> {
+            match (flag, key) {
+                (Some(v), _) => Ok(v),
+                (None, Some(v)) => v.bytes(),
+                (None, None) => Ok(default),
+            }
+        };
+        let dur = |flag: Option<Duration>, key: &Option<DurationValue>, default: Duration| -> Result<Duration, String> {
+            match (flag, key) {
+                (Some(v), _) => Ok(v),
+                (None, Some(v)) => v.duration(),
+                (None, None) => Ok(default),
+            }
+        };
+        let fsync = match (self.fsync, &file.fsync) {
+            (Some(f), _) => f,
+            (None, Some(DurationOrWord::Secs(n))) => parse_fsync(&n.to_string())?,
+            (None, Some(DurationOrWord::Text(s))) => parse_fsync(s)?,
+            (None, None) => FsyncPolicy::Every(Duration::from_secs(1)),
+        };
+        Ok(Settings {
+            data_dir: dirs.into_iter().next().unwrap_or_else(|| PathBuf::from("./larder-data")),
+            listen: self.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:1234".parse().unwrap()),
+            volume_size: size(self.volume_size, &file.volume_size, 1 << 30)?,
+            volume_count: self.volume_count.or(file.volume_count).unwrap_or(16),
+            max_value_size: size(self.max_value_size, &file.max_value_size, 1 << 20)?,
+            fsync,
+            slow_request: dur(self.slow_request, &file.slow_request, Duration::from_millis(100))?,
+            access_log: self.access_log || file.access_log.unwrap_or(false),
+            log_level: self.log_level.clone().or(file.log_level).unwrap_or_else(|| "warn".into()),
+            max_header_size: size(self.max_header_size, &file.max_header_size, 16 << 10)?,
+            max_uri_size: size(self.max_uri_size, &file.max_uri_size, 8 << 10)?,
+            header_timeout: dur(self.header_timeout, &file.header_timeout, Duration::from_secs(10))?,
+            idle_timeout: dur(self.idle_timeout, &file.idle_timeout, Duration::from_secs(60))?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1KB"), Ok(1000));
+        assert_eq!(parse_size("1kib"), Ok(1024));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert!(parse_size("1XB").is_err());
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("99999999999TiB").is_err());
+    }
+
+    #[test]
+    fn durations_and_fsync() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("60"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("1d").is_err());
+        assert_eq!(parse_fsync("never"), Ok(FsyncPolicy::Never));
+        assert_eq!(parse_fsync("ALWAYS"), Ok(FsyncPolicy::Always));
+        assert_eq!(parse_fsync("1s"), Ok(FsyncPolicy::Every(Duration::from_secs(1))));
+        assert!(parse_fsync("sometimes").is_err());
+    }
+
+    #[test]
+    fn file_then_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("larder.toml");
+        std::fs::write(
+            &path,
+            "data_dir = \"/srv/larder\"\nvolume_size = \"64MiB\"\nvolume_count = 4\nfsync = \"always\"\nslow_request = \"250ms\"\nmax_value_size = 2048\n",
+        )
+        .unwrap();
+        let mut args = ServeArgs { config: Some(path), ..Default::default() };
+        let s = args.settings().unwrap();
+        assert_eq!(s.data_dir, PathBuf::from("/srv/larder"));
+        assert_eq!((s.volume_size, s.volume_count, s.max_value_size), (64 << 20, 4, 2048));
+        assert_eq!(s.fsync, FsyncPolicy::Always);
+        assert_eq!(s.slow_request, Duration::from_millis(250));
+        args.volume_count = Some(9);
+        args.data_dir = vec![PathBuf::from("/tmp/x")];
+        let s = args.settings().unwrap();
+        assert_eq!((s.volume_count, s.data_dir), (9, PathBuf::from("/tmp/x")));
+        let defaults = ServeArgs::default().settings().unwrap();
+        assert_eq!(defaults.listen.to_string(), "127.0.0.1:1234");
+        assert_eq!(defaults.fsync, FsyncPolicy::Every(Duration::from_secs(1)));
+        std::fs::write(dir.path().join("bad.toml"), "volume_sise = 3\n").unwrap();
+        let bad = ServeArgs { config: Some(dir.path().join("bad.toml")), ..Default::default() };
+        assert!(bad.settings().unwrap_err().contains("volume_sise"));
+    }
+}

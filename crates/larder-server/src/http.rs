@@ -1,0 +1,262 @@
+//! HTTP handlers: requests become engine calls, engine outcomes become statuses, in one place.
+
+use crate::config::Settings;
+use crate::key::{decode_key, RESERVED_PREFIX};
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use larder_engine::{ErrorKind, FsyncPolicy, Store};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+/// Shared state of the server.
+pub struct App {
+    /// The store, set once recovery has finished; until then requests get 503.
+    pub store: OnceLock<Store>,
+    /// Settings in force.
+    pub settings: Settings,
+}
+
+type Resp = Response<Full<Bytes>>;
+
+const ALLOWED: &str = "GET, HEAD, PUT, DELETE";
+static X_POSITION: hyper::header::HeaderName = hyper::header::HeaderName::from_static("x-position");
+static X_CACHE: hyper::header::HeaderName = hyper::header::HeaderName::from_static("x-cache");
+
+fn text(status: StatusCode, msg: &'static str) -> Resp {
+    let mut r = Response::new(Full::new(Bytes::from_static(msg.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}
+
+fn text_owned(status: StatusCode, msg: String) -> Resp {
+    let mut r = Response::new(Full::new(Bytes::from(msg)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}
+
+/// The one table from engine errors to HTTP statuses.
+fn engine_error(e: &larder_engine::Error) -> Resp {
+    let status = match e.kind() {
+        ErrorKind::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
+        ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorKind::InvalidKey => StatusCode::BAD_REQUEST,
+        ErrorKind::Io | ErrorKind::Corrupt | ErrorKind::Locked => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    if status.is_server_error() {
+        tracing::error!(error = %e, "request failed");
+    }
+    text_owned(status, format!("{e}\n"))
+}
+
+fn position_value(p: larder_engine::Position) -> HeaderValue {
+    let mut s = String::with_capacity(32);
+    use std::fmt::Write;
+    let _ = write!(s, "{},{},{}", p.volume, p.offset, p.size);
+    HeaderValue::try_from(s).expect("digits and commas are valid header bytes")
+}
+
+/// Handles one request, timing it for the slow-request warning and the access log.
+pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Resp, std::convert::Infallible> {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let log_path = (app.settings.access_log || !app.settings.slow_request.is_zero()).then(|| req.uri().path().to_owned());
+    let resp = route(&app, req).await;
+    let elapsed = started.elapsed();
+    if let Some(path) = log_path {
+        let status = resp.status().as_u16();
+        if app.settings.access_log {
+            tracing::info!(target: "larder::access", %method, path, status, micros = elapsed.as_micros() as u64);
+        }
+        if elapsed >= app.settings.slow_request {
+            tracing::warn!(%method, path, status, millis = elapsed.as_millis() as u64, "slow request");
+        }
+    }
+    Ok(resp)
+}
+
+async fn route(app: &Arc<App>, req: Request<Incoming>) -> Resp {
+    let uri_len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if uri_len as u64 > app.settings.max_uri_size {
+        return text(StatusCode::URI_TOO_LONG, "URI too long\n");
+    }
+    let key = match decode_key(req.uri().path()) {
+        Ok(k) => k.into_owned(),
+        Err(e) => return text(StatusCode::BAD_REQUEST, e.message()),
+    };
+    if key.starts_with(RESERVED_PREFIX) {
+        return admin(app, req.method(), &key[RESERVED_PREFIX.len()..]);
+    }
+    let Some(store) = app.store.get() else {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "recovering; try again shortly\n");
+    };
+    match *req.method() {
+        Method::GET => get(store, &key, false),
+        Method::HEAD => get(store, &key, true),
+        Method::PUT => put(app, req, key).await,
+        Method::DELETE => delete(app, key).await,
+        _ => method_not_allowed(),
+    }
+}
+
+fn method_not_allowed() -> Resp {
+    let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+    r.headers_mut().insert(ALLOW, HeaderValue::from_static(ALLOWED));
+    r
+}
+
+fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
+    match *method {
+        Method::GET | Method::HEAD => {}
+        Method::PUT | Method::DELETE => return text(StatusCode::BAD_REQUEST, "keys under _larder/ are reserved\n"),
+        _ => return method_not_allowed(),
+    }
+    match what {
+        b"health" => match app.store.get() {
+            Some(_) => text(StatusCode::OK, "ok\n"),
+            None => text(StatusCode::SERVICE_UNAVAILABLE, "recovering\n"),
+        },
+        b"stats" => {
+            let Some(store) = app.store.get() else {
+                return text(StatusCode::SERVICE_UNAVAILABLE, "recovering\n");
+            };
+            let s = store.stats();
+            let body = serde_json::json!({
+                "keys": s.keys,
+                "bytes_used": s.bytes_used,
+                "capacity_bytes": s.capacity_bytes,
+                "volumes": s.volumes,
+                "active_volume": s.active_volume,
+                "volume_size": s.volume_size,
+                "volume_count": s.volume_count,
+                "puts": s.puts,
+                "deletes": s.deletes,
+                "hits": s.hits,
+                "misses": s.misses,
+                "corrupt_reads": s.corrupt_reads,
+                "rotations": s.rotations,
+                "evicted_entries": s.evicted_entries,
+                "hints_written": s.hints_written,
+                "recovery": {
+                    "volumes": s.recovery.volumes,
+                    "hint_loads": s.recovery.hint_loads,
+                    "scans": s.recovery.scans,
+                    "records": s.recovery.records,
+                    "skipped": s.recovery.skipped,
+                    "truncated_bytes": s.recovery.truncated_bytes,
+                    "millis": s.recovery.millis,
+                },
+            });
+            let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+            r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+        _ => text(StatusCode::NOT_FOUND, "no such admin endpoint\n"),
+    }
+}
+
+fn get(store: &Store, key: &[u8], head: bool) -> Resp {
+    match store.get(key) {
+        Ok(Some(v)) => {
+            let len = v.data.len();
+            let mut r = Response::new(Full::new(if head { Bytes::new() } else { v.data }));
+            let h = r.headers_mut();
+            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            h.insert(X_POSITION.clone(), position_value(v.position));
+            h.insert(X_CACHE.clone(), HeaderValue::from_static("DISK"));
+            if head {
+                h.insert(CONTENT_LENGTH, HeaderValue::from(len));
+            }
+            r
+        }
+        Ok(None) => text(StatusCode::NOT_FOUND, "not found\n"),
+        Err(e) => engine_error(&e),
+    }
+}
+
+/// Why a request body was not taken.
+enum BodyError {
+    TooLarge,
+    Broken(hyper::Error),
+}
+
+/// Reads the body, refusing as soon as it passes `limit` (nothing is buffered past it).
+async fn read_body(mut body: Incoming, limit: u64, expected: u64) -> Result<Bytes, BodyError> {
+    let mut first: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(BodyError::Broken)?.into_data() else { continue };
+        let have = first.as_ref().map_or(0, |f| f.len()) + buf.len();
+        if (have + data.len()) as u64 > limit {
+            return Err(BodyError::TooLarge);
+        }
+        // The common case, the whole body in one frame, needs no copy.
+        match first.take() {
+            None if buf.is_empty() => first = Some(data),
+            f => {
+                if buf.is_empty() {
+                    buf.reserve(expected.min(limit) as usize);
+                }
+                if let Some(f) = f {
+                    buf.extend_from_slice(&f);
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(first.unwrap_or_else(|| buf.freeze()))
+}
+
+fn too_large(limit: u64) -> Resp {
+    text_owned(StatusCode::PAYLOAD_TOO_LARGE, format!("value larger than the limit of {limit} bytes\n"))
+}
+
+async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
+    let limit = app.settings.max_value_size;
+    let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return too_large(limit); // refused before a byte of the body is read
+    }
+    let body = match read_body(req.into_body(), limit, declared.unwrap_or(0)).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => return too_large(limit),
+        Err(BodyError::Broken(e)) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
+    };
+    let result = if app.settings.fsync == FsyncPolicy::Always {
+        // The group-commit wait blocks: keep it off the async workers.
+        let app = app.clone();
+        tokio::task::spawn_blocking(move || app.store.get().expect("ready").put(&key, &body))
+            .await
+            .expect("put task panicked")
+    } else {
+        app.store.get().expect("ready").put(&key, &body)
+    };
+    match result {
+        Ok(pos) => {
+            let mut r = text(StatusCode::OK, "stored\n");
+            r.headers_mut().insert(X_POSITION.clone(), position_value(pos));
+            r
+        }
+        Err(e) => engine_error(&e),
+    }
+}
+
+async fn delete(app: &Arc<App>, key: Vec<u8>) -> Resp {
+    let result = if app.settings.fsync == FsyncPolicy::Always {
+        let app = app.clone();
+        tokio::task::spawn_blocking(move || app.store.get().expect("ready").delete(&key))
+            .await
+            .expect("delete task panicked")
+    } else {
+        app.store.get().expect("ready").delete(&key)
+    };
+    match result {
+        Ok(true) => text(StatusCode::OK, "deleted\n"),
+        Ok(false) => text(StatusCode::NOT_FOUND, "not found\n"),
+        Err(e) => engine_error(&e),
+    }
+}
