@@ -1,0 +1,159 @@
+//! The HTTP API of DESIGN §2, as a client sees it: round trips, statuses, positions, limits.
+
+mod common;
+use common::*;
+
+#[test]
+fn put_get_head_delete_round_trip() {
+    let s = Server::start(&[]);
+    let mut c = s.client();
+    let r = c.put("/foo", b"hello world");
+    assert_eq!(r.status, 200);
+    let r = c.get("/foo");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"hello world"[..]));
+    assert_eq!(r.header("x-cache"), Some("DISK"));
+    assert_eq!(r.header("content-length"), Some("11"));
+    let h = c.request("HEAD", "/foo", &[], b"");
+    assert_eq!((h.status, h.header("content-length"), h.body.len()), (200, Some("11"), 0));
+    assert_eq!(h.header("x-position"), r.header("x-position"));
+    assert_eq!(c.delete("/foo").status, 200);
+    assert_eq!(c.get("/foo").status, 404);
+    assert_eq!(c.request("HEAD", "/foo", &[], b"").status, 404);
+    assert_eq!(c.delete("/foo").status, 404);
+}
+
+#[test]
+fn statuses_for_bad_requests_carry_a_message() {
+    let s = Server::start(&["--max-value-size", "1KiB"]);
+    let mut c = s.client();
+    let r = c.request("POST", "/foo", &[], b"x");
+    assert_eq!(r.status, 405);
+    assert_eq!(r.header("allow"), Some("GET, HEAD, PUT, DELETE"));
+    assert!(!r.body.is_empty());
+    for m in ["GET", "PUT", "DELETE"] {
+        let r = c.request(m, "/", &[], b"");
+        assert_eq!(r.status, 400, "{m} /");
+        assert_eq!(r.body, b"empty key\n");
+    }
+    assert_eq!(c.get("/bad%zzkey").status, 400);
+    assert_eq!(c.put(&format!("/{}", "k".repeat(1025)), b"v").status, 400);
+    assert_eq!(c.put(&format!("/{}", "k".repeat(1024)), b"v").status, 200);
+    assert_eq!(c.put("/_larder/mine", b"v").status, 400);
+    assert_eq!(c.delete("/_larder/stats").status, 400);
+    // The query string is not part of the key.
+    assert_eq!(c.put("/q?x=1", b"query").status, 200);
+    assert_eq!(c.get("/q").body, b"query");
+}
+
+#[test]
+fn oversize_bodies_are_refused_before_being_read_and_store_nothing() {
+    let s = Server::start(&["--max-value-size", "1KiB"]);
+    let mut c = s.client();
+    assert_eq!(c.put("/exact", &[7; 1024]).status, 200);
+    // Declared too large: the answer comes without sending a byte of the body.
+    c.raw(b"PUT /big HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n").unwrap();
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.status, 413);
+    assert!(String::from_utf8_lossy(&r.body).contains("limit"));
+    // Streamed (chunked, no length) past the limit.
+    let mut c = s.client();
+    c.raw(b"PUT /big2 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap();
+    for _ in 0..3 {
+        c.raw(b"200\r\n").unwrap();
+        c.raw(&[1u8; 512]).unwrap();
+        c.raw(b"\r\n").unwrap();
+    }
+    assert_eq!(c.read_response(false).unwrap().status, 413);
+    let mut c = s.client();
+    assert_eq!(c.get("/big").status, 404);
+    assert_eq!(c.get("/big2").status, 404);
+    assert_eq!(s.stats()["keys"], 1);
+}
+
+#[test]
+fn values_and_keys_round_trip_verbatim() {
+    let s = Server::start(&[]);
+    let mut c = s.client();
+    let cases: &[(&str, &[u8])] = &[
+        ("/empty", b""),
+        ("/a/b/c/thumb.jpg", b"slashes"),
+        ("/with%20space%20in%20it", b"spaces"),
+        ("/%C3%A9t%C3%A9/%E6%97%A5%E6%9C%AC", "utf8 ✓".as_bytes()),
+        ("/bin", &[0, 255, 13, 10, 0]),
+    ];
+    for (path, value) in cases {
+        assert_eq!(c.put(path, value).status, 200, "{path}");
+    }
+    for (path, value) in cases {
+        let r = c.get(path);
+        assert_eq!((r.status, r.body.as_slice()), (200, *value), "{path}");
+    }
+    // The same key spelled with different (valid) encodings is the same key.
+    assert_eq!(c.get("/%61/b/c/thumb.jpg").body, b"slashes");
+}
+
+fn position(r: &Resp) -> (u64, u64, u64) {
+    let p: Vec<u64> = r.header("x-position").expect("x-position").split(',').map(|n| n.parse().unwrap()).collect();
+    (p[0], p[1], p[2])
+}
+
+#[test]
+fn positions_match_and_never_overlap() {
+    let s = Server::start(&[]);
+    let mut c = s.client();
+    let mut last: Option<(u64, u64, u64)> = None;
+    for i in 0..50u64 {
+        let value = bytes(i, (i * 37 % 500) as usize);
+        let put = c.put(&format!("/k{i}"), &value);
+        let pp = position(&put);
+        let get = c.get(&format!("/k{i}"));
+        assert_eq!(position(&get), pp);
+        assert!(pp.2 >= value.len() as u64 + 2, "size counts the whole record");
+        if let Some((v, o, n)) = last {
+            assert!(pp.0 != v || pp.1 >= o + n, "{pp:?} overlaps {:?}", (v, o, n));
+        }
+        last = Some(pp);
+    }
+}
+
+#[test]
+fn admin_endpoints() {
+    let s = Server::start(&["--volume-size", "1MiB", "--volume-count", "3"]);
+    let mut c = s.client();
+    let r = c.get("/_larder/health");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok\n"[..]));
+    c.put("/a", b"1");
+    c.put("/b", b"2");
+    let st = s.stats();
+    for field in ["keys", "bytes_used", "capacity_bytes", "volumes", "active_volume"] {
+        assert!(st[field].is_u64(), "{field} missing in {st}");
+    }
+    assert_eq!(st["keys"], 2);
+    assert_eq!(st["capacity_bytes"], 3 << 20);
+    assert_eq!(st["volumes"], 1);
+    assert_eq!(st["active_volume"], 0);
+    assert_eq!(st["bytes_used"].as_u64(), Some(size_of(&s.dir, ".lrv")));
+    assert_eq!(c.get("/_larder/nothing").status, 404);
+}
+
+#[test]
+fn header_and_uri_limits() {
+    let s = Server::start(&[]);
+    let mut c = s.client();
+    let long_uri = format!("/{}", "u".repeat(9000));
+    assert_eq!(c.get(&long_uri).status, 414);
+    let mut c = s.client();
+    let big = "h".repeat(20_000);
+    c.raw(format!("GET /x HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n").as_bytes()).unwrap();
+    assert_eq!(c.read_response(false).unwrap().status, 431);
+}
+
+#[test]
+fn idle_connections_are_closed() {
+    let s = Server::start(&["--idle-timeout", "1s"]);
+    let mut c = s.client();
+    assert_eq!(c.put("/k", b"v").status, 200);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // The server closed the idle connection: the next request on it sees EOF or a reset.
+    assert!(c.try_request("GET", "/k", &[], b"").is_err());
+}

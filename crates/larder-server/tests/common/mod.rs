@@ -1,0 +1,242 @@
+//! Black-box harness: runs the real `larder` binary on a loopback port in a temporary data
+//! directory, and speaks HTTP/1.1 to it over plain sockets (so tests control every byte).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running server and the data directory it owns.
+pub struct Server {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub dir: PathBuf,
+    args: Vec<String>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    /// Starts a server with extra `args` on a fresh data directory.
+    pub fn start(args: &[&str]) -> Server {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("data");
+        let mut s = Server::start_in(&dir, args);
+        s._tmp = Some(tmp);
+        s
+    }
+
+    /// Starts a server on `dir` with extra `args`.
+    pub fn start_in(dir: &Path, args: &[&str]) -> Server {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let (child, addr) = spawn(dir, &args);
+        Server { child: Some(child), addr, dir: dir.to_path_buf(), args, _tmp: None }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    /// SIGTERM, and the exit status must be success.
+    pub fn stop(&mut self) {
+        let mut child = self.child.take().expect("running");
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = wait_timeout(&mut child, Duration::from_secs(30));
+        assert!(status.success(), "larder exited with {status} after SIGTERM");
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        let _ = child.wait();
+    }
+
+    /// Starts again on the same directory with the same arguments.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop or kill first");
+        let (child, addr) = spawn(&self.dir, &self.args);
+        self.child = Some(child);
+        self.addr = addr;
+    }
+
+    /// `/_larder/stats` as JSON.
+    pub fn stats(&self) -> serde_json::Value {
+        let r = self.client().get("/_larder/stats");
+        assert_eq!(r.status, 200);
+        serde_json::from_slice(&r.body).expect("stats JSON")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn wait_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            return s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("larder did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn(dir: &Path, args: &[String]) -> (Child, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_larder"))
+        .arg("serve")
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(dir)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn larder");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {} // keep draining so the server never blocks on stdout
+    });
+    let line = rx.recv_timeout(Duration::from_secs(60)).expect("larder did not report readiness");
+    let addr = line.strip_prefix("larder listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    (child, addr.parse().unwrap())
+}
+
+/// A response.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection.
+pub struct Client {
+    addr: SocketAddr,
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        s.set_nodelay(true).unwrap();
+        Client { addr, r: BufReader::new(s.try_clone().unwrap()), w: s }
+    }
+
+    /// Sends a request and reads its response; reconnects once if the server closed the
+    /// keep-alive connection before this request.
+    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+        match self.try_request(method, path, headers, body) {
+            Ok(r) => r,
+            Err(_) => {
+                *self = Client::connect(self.addr);
+                self.try_request(method, path, headers, body).expect("request failed twice")
+            }
+        }
+    }
+
+    pub fn try_request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<Resp> {
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: larder\r\n");
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-length")) && (method == "PUT" || !body.is_empty()) {
+            head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        head.push_str("\r\n");
+        let mut msg = head.into_bytes();
+        msg.extend_from_slice(body);
+        self.w.write_all(&msg)?;
+        self.read_response(method == "HEAD")
+    }
+
+    pub fn read_response(&mut self, head: bool) -> std::io::Result<Resp> {
+        let mut line = String::new();
+        if self.r.read_line(&mut line)? == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
+        }
+        let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status line");
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            self.r.read_line(&mut h)?;
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':').expect("header line");
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+        let len: usize = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .map(|(_, v)| v.parse().unwrap())
+            .unwrap_or(0);
+        let mut body = vec![0; if head { 0 } else { len }];
+        self.r.read_exact(&mut body)?;
+        Ok(Resp { status, headers, body })
+    }
+
+    pub fn get(&mut self, path: &str) -> Resp {
+        self.request("GET", path, &[], b"")
+    }
+    pub fn put(&mut self, path: &str, body: &[u8]) -> Resp {
+        self.request("PUT", path, &[], body)
+    }
+    pub fn delete(&mut self, path: &str) -> Resp {
+        self.request("DELETE", path, &[], b"")
+    }
+
+    /// Writes raw bytes (for malformed requests).
+    pub fn raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.w.write_all(bytes)
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Total size of the files in `dir` whose names end with `suffix`.
+pub fn size_of(dir: &Path, suffix: &str) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(suffix))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
