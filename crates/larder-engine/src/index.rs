@@ -43,7 +43,7 @@ pub struct Loc {
 
 impl Loc {
     fn pack(self) -> u64 {
-        debug_assert!((self.slot as usize) < MAX_SLOTS && self.class < 512 && self.offset % 8 == 0);
+        debug_assert!((self.slot as usize) < MAX_SLOTS && self.class < 512 && self.offset.is_multiple_of(8));
         (self.offset / 8) | (self.slot as u64) << 32 | (self.tag as u64) << 46 | (self.class as u64) << 54
     }
     fn unpack(v: u64) -> Loc {
@@ -282,7 +282,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             // Keys confined to a few shards and a small space so probe runs collide and wrap.
-            let hash = (x % 3) << 62 | (x >> 20) % 5000;
+            let hash = ((x % 3) << 62) | ((x >> 20) % 5000);
             match x % 4 {
                 0 | 1 => {
                     assert_eq!(idx.insert(hash, loc(step)), model.insert(hash.max(1), loc(step)));

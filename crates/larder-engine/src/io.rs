@@ -31,7 +31,12 @@ pub fn write_all_vectored_at(file: &File, parts: &[&[u8]], offset: u64) -> io::R
         while !bufs.is_empty() {
             // SAFETY: IoSlice is ABI-compatible with iovec; the slices outlive the call.
             let n = unsafe {
-                libc::pwritev(file.as_raw_fd(), bufs.as_ptr() as *const libc::iovec, bufs.len().min(1024) as i32, at as i64)
+                libc::pwritev(
+                    file.as_raw_fd(),
+                    bufs.as_ptr() as *const libc::iovec,
+                    bufs.len().min(1024) as i32,
+                    at as i64,
+                )
             };
             if n < 0 {
                 let e = io::Error::last_os_error();

@@ -23,7 +23,7 @@ pub const MAX_META_LEN: usize = 4096;
 /// Flag bit: this record is a tombstone (a DELETE); it has no value.
 pub const FLAG_TOMBSTONE: u16 = 1;
 
-const _: () = assert!(HEADER_LEN % ALIGN as usize == 0);
+const _: () = assert!(HEADER_LEN.is_multiple_of(ALIGN as usize));
 
 /// The decoded fixed header of a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

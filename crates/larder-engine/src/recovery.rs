@@ -205,7 +205,8 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
             io::remove_if_exists(&hint_path(&sh.dir, slot)).map_err(|e| Error::io("removing an orphan hint", e))?;
             continue;
         }
-        let file = OpenOptions::new().read(true).write(true).open(&path).map_err(|e| Error::io("opening a volume", e))?;
+        let file =
+            OpenOptions::new().read(true).write(true).open(&path).map_err(|e| Error::io("opening a volume", e))?;
         let mut hb = [0u8; VOLUME_HEADER_LEN as usize];
         let n = io::read_at_most(&file, &mut hb, 0).map_err(|e| Error::io("reading a volume header", e))?;
         let header = VolumeHeader::decode(&hb[..n]).filter(|h| h.slot as usize == slot);
@@ -277,7 +278,12 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
         report.skipped += outcome.skipped;
         if outcome.valid_end < file_len {
             report.truncated_bytes += file_len - outcome.valid_end;
-            tracing::warn!(slot, from = outcome.valid_end, bytes = file_len - outcome.valid_end, "truncating the tail after the last valid record");
+            tracing::warn!(
+                slot,
+                from = outcome.valid_end,
+                bytes = file_len - outcome.valid_end,
+                "truncating the tail after the last valid record"
+            );
             file.set_len(outcome.valid_end).map_err(|e| Error::io("truncating a torn tail", e))?;
         }
         s.len.store(outcome.valid_end, std::sync::atomic::Ordering::Relaxed);
@@ -336,7 +342,8 @@ mod tests {
 
     fn scan_bytes(bytes: &[u8], generation: u32) -> (ScanOutcome, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
-        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(dir.path().join("v")).unwrap();
+        let f =
+            OpenOptions::new().read(true).write(true).create(true).truncate(true).open(dir.path().join("v")).unwrap();
         f.write_all_at(bytes, 0).unwrap();
         let mut seen = Vec::new();
         let out = scan_volume(&f, 0, bytes.len() as u64, generation, |ev| {

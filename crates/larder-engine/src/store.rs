@@ -447,7 +447,10 @@ pub struct Store {
 
 fn check_key(key: &[u8]) -> Result<()> {
     if key.is_empty() || key.len() > MAX_KEY_LEN {
-        return Err(Error::new(ErrorKind::InvalidKey, format!("key must be 1 to {MAX_KEY_LEN} bytes, got {}", key.len())));
+        return Err(Error::new(
+            ErrorKind::InvalidKey,
+            format!("key must be 1 to {MAX_KEY_LEN} bytes, got {}", key.len()),
+        ));
     }
     Ok(())
 }
@@ -478,26 +481,27 @@ impl Store {
         if lock.try_lock().is_err() {
             return Err(Error::new(ErrorKind::Locked, format!("{} is in use by another process", cfg.dir.display())));
         }
-        let (manifest, hints_trusted) = match Manifest::load(&cfg.dir).map_err(|e| Error::io("reading the manifest", e))? {
-            Some(Some(m)) => {
-                if m.volume_size != cfg.volume_size || m.volume_count != cfg.volume_count {
-                    tracing::warn!(
+        let (manifest, hints_trusted) =
+            match Manifest::load(&cfg.dir).map_err(|e| Error::io("reading the manifest", e))? {
+                Some(Some(m)) => {
+                    if m.volume_size != cfg.volume_size || m.volume_count != cfg.volume_count {
+                        tracing::warn!(
                         was_size = m.volume_size,
                         was_count = m.volume_count,
                         "ring shape changed since the last run; existing volumes are kept until the ring reaches them"
                     );
+                    }
+                    (Manifest { volume_size: cfg.volume_size, volume_count: cfg.volume_count, ..m }, true)
                 }
-                (Manifest { volume_size: cfg.volume_size, volume_count: cfg.volume_count, ..m }, true)
-            }
-            found => {
-                if found.is_some() {
-                    tracing::warn!("manifest is damaged; making a new one and scanning every volume");
+                found => {
+                    if found.is_some() {
+                        tracing::warn!("manifest is damaged; making a new one and scanning every volume");
+                    }
+                    let m = Manifest::fresh(cfg.volume_size, cfg.volume_count)
+                        .map_err(|e| Error::io("generating a directory id", e))?;
+                    (m, false)
                 }
-                let m = Manifest::fresh(cfg.volume_size, cfg.volume_count)
-                    .map_err(|e| Error::io("generating a directory id", e))?;
-                (m, false)
-            }
-        };
+            };
         let slots = (0..cfg.volume_count)
             .map(|_| SlotState {
                 file: OnceLock::new(),
@@ -657,7 +661,12 @@ impl Store {
                 // A slot reused under our feet explains any garbage; otherwise it is damage.
                 if slot.generation.load(Ordering::Acquire) == generation {
                     sh.counters.corrupt_reads.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(volume = loc.slot, offset = loc.offset, ?err, "record failed verification; answered as a miss");
+                    tracing::warn!(
+                        volume = loc.slot,
+                        offset = loc.offset,
+                        ?err,
+                        "record failed verification; answered as a miss"
+                    );
                     sh.index.remove_if_eq(hash, loc);
                 }
                 return Ok(None);

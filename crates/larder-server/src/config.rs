@@ -18,9 +18,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "kb" => 1000,
-        "mb" => 1000_000,
-        "gb" => 1000_000_000,
-        "tb" => 1000_000_000_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
         "kib" => 1 << 10,
         "mib" => 1 << 20,
         "gib" => 1 << 30,
@@ -231,13 +231,14 @@ impl ServeArgs {
                 (None, None) => Ok(default),
             }
         };
-        let dur = |flag: Option<Duration>, key: &Option<DurationValue>, default: Duration| -> Result<Duration, String> {
-            match (flag, key) {
-                (Some(v), _) => Ok(v),
-                (None, Some(v)) => v.duration(),
-                (None, None) => Ok(default),
-            }
-        };
+        let dur =
+            |flag: Option<Duration>, key: &Option<DurationValue>, default: Duration| -> Result<Duration, String> {
+                match (flag, key) {
+                    (Some(v), _) => Ok(v),
+                    (None, Some(v)) => v.duration(),
+                    (None, None) => Ok(default),
+                }
+            };
         let fsync = match (self.fsync, &file.fsync) {
             (Some(f), _) => f,
             (None, Some(DurationOrWord::Secs(n))) => parse_fsync(&n.to_string())?,

@@ -64,7 +64,8 @@ fn position_value(p: larder_engine::Position) -> HeaderValue {
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Resp, std::convert::Infallible> {
     let started = Instant::now();
     let method = req.method().clone();
-    let log_path = (app.settings.access_log || !app.settings.slow_request.is_zero()).then(|| req.uri().path().to_owned());
+    let log_path =
+        (app.settings.access_log || !app.settings.slow_request.is_zero()).then(|| req.uri().path().to_owned());
     let resp = route(&app, req).await;
     let elapsed = started.elapsed();
     if let Some(path) = log_path {

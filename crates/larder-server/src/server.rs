@@ -42,7 +42,11 @@ impl AsyncWrite for Tracked {
         }
         r
     }
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if let Poll::Ready(Ok(n)) = r {
             self.moved.fetch_add(n as u64, Ordering::Relaxed);
@@ -178,10 +182,8 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     }
     drop(listener);
     let _ = shutdown_tx.send(true);
-    let drained = tokio::time::timeout(Duration::from_secs(30), async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
+    let drained =
+        tokio::time::timeout(Duration::from_secs(30), async { while connections.join_next().await.is_some() {} }).await;
     if drained.is_err() {
         tracing::warn!(left = connections.len(), "connections still busy after 30s; closing them");
         connections.abort_all();

@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,11 +31,13 @@ fn run(fsync: &str) {
     let mut s = Server::start(&["--fsync", fsync, "--volume-size", "1MiB", "--volume-count", "8"]);
     let model: Arc<Vec<Mutex<KeyState>>> = Arc::new((0..WRITERS * KEYS_PER_WRITER).map(|_| Mutex::default()).collect());
     let mut checked = 0;
+    let acks = Arc::new(AtomicU64::new(0));
     for round in 0..6u64 {
+        let acks_before = acks.load(Ordering::Relaxed);
         let stop = Arc::new(AtomicBool::new(false));
         let handles: Vec<_> = (0..WRITERS)
             .map(|w| {
-                let (model, stop, addr) = (model.clone(), stop.clone(), s.addr);
+                let (model, stop, acks, addr) = (model.clone(), stop.clone(), acks.clone(), s.addr);
                 std::thread::spawn(move || {
                     let mut c = Client::connect(addr);
                     let mut n = 0usize;
@@ -49,7 +51,10 @@ fn run(fsync: &str) {
                         };
                         let key = format!("crash/{k}");
                         match c.try_request("PUT", &format!("/{key}"), &[], &value(&key, version)) {
-                            Ok(r) if r.status == 200 => model[k].lock().unwrap().acked = version,
+                            Ok(r) if r.status == 200 => {
+                                model[k].lock().unwrap().acked = version;
+                                acks.fetch_add(1, Ordering::Relaxed);
+                            }
                             Ok(r) => panic!("PUT answered {}", r.status),
                             Err(_) => return, // killed: this version stays in flight
                         }
@@ -63,6 +68,15 @@ fn run(fsync: &str) {
         for h in handles {
             h.join().unwrap();
         }
+        let in_flight = model
+            .iter()
+            .filter(|st| {
+                let st = st.lock().unwrap();
+                st.inflight > st.acked
+            })
+            .count();
+        assert!(acks.load(Ordering::Relaxed) > acks_before, "round {round}: the kill came before any PUT");
+        assert!(in_flight > 0, "round {round}: the kill did not land mid-load");
         s.restart();
         let mut c = s.client();
         for (k, st) in model.iter().enumerate() {
@@ -73,7 +87,11 @@ fn run(fsync: &str) {
                 404 => 0,
                 200 => {
                     let text = String::from_utf8_lossy(&r.body[..r.body.len().min(40)]).to_string();
-                    let version: u64 = text.split('#').nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{key}: foreign bytes {text:?}"));
+                    let version: u64 = text
+                        .split('#')
+                        .nth(1)
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or_else(|| panic!("{key}: foreign bytes {text:?}"));
                     assert_eq!(r.body, value(&key, version), "{key}: bytes differ from version {version}");
                     version
                 }
@@ -91,7 +109,7 @@ fn run(fsync: &str) {
             checked += 1;
         }
     }
-    println!("fsync {fsync}: 6 kill points, {checked} key checks");
+    println!("fsync {fsync}: 6 kill points, {} PUTs acknowledged, {checked} key checks", acks.load(Ordering::Relaxed));
 }
 
 #[test]

@@ -55,7 +55,11 @@ fn earlier_turns_never_come_back_after_restart() {
     let turned = s.stats()["rotations"].as_u64().unwrap();
     assert!(turned >= 6, "the ring turned {turned} times");
     for stop in ["term", "kill"] {
-        if stop == "term" { s.stop() } else { s.kill() }
+        if stop == "term" {
+            s.stop()
+        } else {
+            s.kill()
+        }
         s.restart();
         let mut c = s.client();
         for i in 0..40u32 {

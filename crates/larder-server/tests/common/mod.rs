@@ -160,12 +160,20 @@ impl Client {
         }
     }
 
-    pub fn try_request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<Resp> {
+    pub fn try_request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> std::io::Result<Resp> {
         let mut head = format!("{method} {path} HTTP/1.1\r\nHost: larder\r\n");
         for (k, v) in headers {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-length")) && (method == "PUT" || !body.is_empty()) {
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            && (method == "PUT" || !body.is_empty())
+        {
             head.push_str(&format!("Content-Length: {}\r\n", body.len()));
         }
         head.push_str("\r\n");
