@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# wrk-compare.sh: PUT and GET of 4 KiB values, larder next to nginx serving the same values as
+# static files (WebDAV PUT for one file per key), in one run, alternating A B A B, medians.
+#
+#   bench/wrk-compare.sh                 # 10 s per run, 2 rounds, 100,000 GET keys
+#   DURATION=20s ROUNDS=3 KEYS=200000 bench/wrk-compare.sh
+#
+# Both servers are pinned to core 1 (only one is loaded at a time), wrk to core 0.
+# Peer settings: bench/nginx.conf.in (one worker, access log off, sendfile on).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10s}
+ROUNDS=${ROUNDS:-2}
+KEYS=${KEYS:-100000}
+SIZE=${SIZE:-4096}
+LARDER_PORT=${LARDER_PORT:-18234}
+NGINX_PORT=${NGINX_PORT:-18080}
+
+scripts/install-bench-deps.sh
+cargo build --release -p larder-server -q
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+mkdir -p "$work/ngx/logs" "$work/ngx/tmp" "$work/ngx/root"
+sed "s#@DIR@#$work/ngx#g; s#@PORT@#$NGINX_PORT#g" bench/nginx.conf.in >"$work/ngx/nginx.conf"
+taskset -c 1 "$NGINX" -c "$work/ngx/nginx.conf" &
+pids+=($!)
+taskset -c 1 target/release/larder serve --data-dir "$work/larder" --listen "127.0.0.1:$LARDER_PORT" >"$work/larder.out" &
+pids+=($!)
+for port in $LARDER_PORT $NGINX_PORT; do
+  for _ in $(seq 100); do
+    curl -s -o /dev/null "http://127.0.0.1:$port/" && break
+    sleep 0.1
+  done
+done
+
+echo "preloading $KEYS keys of $SIZE B into each server" >&2
+python3 bench/wrk/preload.py 127.0.0.1 "$LARDER_PORT" /g "$KEYS" "$SIZE" 8 >&2
+python3 bench/wrk/preload.py 127.0.0.1 "$NGINX_PORT" /g "$KEYS" "$SIZE" 8 >&2
+
+results="$work/results.txt"
+: >"$results"
+run() { # workload target port round
+  local workload=$1 target=$2 port=$3 round=$4 out
+  if [ "$workload" = PUT ]; then
+    out=$(START=$((round * 100000000)) SIZE=$SIZE PREFIX=/p taskset -c 0 \
+      wrk -t1 -c64 -d"$DURATION" --latency -s bench/wrk/put.lua "http://127.0.0.1:$port")
+  else
+    out=$(N=$KEYS PREFIX=/g taskset -c 0 wrk -t1 -c64 -d"$DURATION" --latency -s bench/wrk/get.lua "http://127.0.0.1:$port")
+  fi
+  if grep -q "Non-2xx" <<<"$out"; then
+    echo "$workload against $target had non-2xx responses: run invalid" >&2
+    echo "$out" >&2
+    exit 1
+  fi
+  local rps p50 p99
+  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
+  p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
+  echo "$workload $target $rps $p50 $p99" >>"$results"
+  echo "round $round $workload $target: $rps req/s p50 $p50 p99 $p99" >&2
+}
+for round in $(seq "$ROUNDS"); do
+  for workload in PUT GET; do
+    run "$workload" larder "$LARDER_PORT" "$round"
+    run "$workload" nginx "$NGINX_PORT" "$round"
+  done
+done
+
+python3 - "$results" "$SIZE" <<'EOF'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+size = int(sys.argv[2])
+def ms(v):
+    for unit, f in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
+        if v.endswith(unit):
+            return float(v[: -len(unit)]) * f
+    return float(v)
+print(f"| workload ({size} B) | larder req/s | nginx req/s | larder/nginx | larder p50 / p99 ms | nginx p50 / p99 ms |")
+print("|---|---|---|---|---|---|")
+for w in ("PUT", "GET"):
+    med = {}
+    for t in ("larder", "nginx"):
+        sel = [r for r in rows if r[0] == w and r[1] == t]
+        med[t] = (statistics.median(float(r[2]) for r in sel),
+                  statistics.median(ms(r[3]) for r in sel),
+                  statistics.median(ms(r[4]) for r in sel))
+    l, n = med["larder"], med["nginx"]
+    print(f"| {w} | {l[0]:,.0f} | {n[0]:,.0f} | {l[0] / n[0]:.2f} | {l[1]:.2f} / {l[2]:.2f} | {n[1]:.2f} / {n[2]:.2f} |")
+EOF

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what the benchmark scripts need (wrk, nginx from Debian's packages, python3)
+# when it is missing. Needs root (or sudo) on Debian/Ubuntu.
+set -euo pipefail
+need=()
+command -v wrk >/dev/null || need+=(wrk)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+command -v python3 >/dev/null || need+=(python3)
+command -v taskset >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
+fi
