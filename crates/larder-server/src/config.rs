@@ -84,7 +84,7 @@ pub struct ServeArgs {
     /// what a power loss can take) [default: 1s].
     #[arg(long, value_name = "never|always|DURATION", value_parser = parse_fsync)]
     pub fsync: Option<FsyncPolicy>,
-    /// Requests slower than this are logged as warnings [default: 100ms].
+    /// Requests slower than this are logged as warnings; 0 turns the warning off [default: 100ms].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub slow_request: Option<Duration>,
     /// Log every request (method, path, status, bytes, microseconds) at info level [default: off].

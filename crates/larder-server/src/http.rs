@@ -64,16 +64,18 @@ fn position_value(p: larder_engine::Position) -> HeaderValue {
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Resp, std::convert::Infallible> {
     let started = Instant::now();
     let method = req.method().clone();
-    let log_path =
-        (app.settings.access_log || !app.settings.slow_request.is_zero()).then(|| req.uri().path().to_owned());
+    // A Uri clone shares its bytes (no allocation); it is kept only for the logs below.
+    let uri = req.uri().clone();
     let resp = route(&app, req).await;
     let elapsed = started.elapsed();
-    if let Some(path) = log_path {
-        let status = resp.status().as_u16();
-        if app.settings.access_log {
+    let s = &app.settings;
+    let slow = !s.slow_request.is_zero() && elapsed >= s.slow_request;
+    if s.access_log || slow {
+        let (path, status) = (uri.path(), resp.status().as_u16());
+        if s.access_log {
             tracing::info!(target: "larder::access", %method, path, status, micros = elapsed.as_micros() as u64);
         }
-        if elapsed >= app.settings.slow_request {
+        if slow {
             tracing::warn!(%method, path, status, millis = elapsed.as_millis() as u64, "slow request");
         }
     }
@@ -86,7 +88,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Resp {
         return text(StatusCode::URI_TOO_LONG, "URI too long\n");
     }
     let key = match decode_key(req.uri().path()) {
-        Ok(k) => k.into_owned(),
+        Ok(k) => k,
         Err(e) => return text(StatusCode::BAD_REQUEST, e.message()),
     };
     if key.starts_with(RESERVED_PREFIX) {
@@ -98,8 +100,11 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Resp {
     match *req.method() {
         Method::GET => get(store, &key, false),
         Method::HEAD => get(store, &key, true),
-        Method::PUT => put(app, req, key).await,
-        Method::DELETE => delete(app, key).await,
+        Method::PUT => {
+            let key = key.into_owned();
+            put(app, req, key).await
+        }
+        Method::DELETE => delete(app, key.into_owned()).await,
         _ => method_not_allowed(),
     }
 }

@@ -16,10 +16,19 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 
-/// A TCP stream that counts the bytes it moves, so a watchdog can close idle connections.
+/// What a connection's watchdog needs to know: bytes moved and requests begun and answered.
+#[derive(Default)]
+struct Activity {
+    read: AtomicU64,
+    written: AtomicU64,
+    started: AtomicU64,
+    answered: AtomicU64,
+}
+
+/// A TCP stream that counts the bytes it moves, so a watchdog can enforce timeouts.
 struct Tracked {
     inner: TcpStream,
-    moved: Arc<AtomicU64>,
+    activity: Arc<Activity>,
 }
 
 impl AsyncRead for Tracked {
@@ -28,7 +37,7 @@ impl AsyncRead for Tracked {
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = buf.filled().len() - before;
         if n > 0 {
-            self.moved.fetch_add(n as u64, Ordering::Relaxed);
+            self.activity.read.fetch_add(n as u64, Ordering::Relaxed);
         }
         r
     }
@@ -38,7 +47,7 @@ impl AsyncWrite for Tracked {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = r {
-            self.moved.fetch_add(n as u64, Ordering::Relaxed);
+            self.activity.written.fetch_add(n as u64, Ordering::Relaxed);
         }
         r
     }
@@ -49,7 +58,7 @@ impl AsyncWrite for Tracked {
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if let Poll::Ready(Ok(n)) = r {
-            self.moved.fetch_add(n as u64, Ordering::Relaxed);
+            self.activity.written.fetch_add(n as u64, Ordering::Relaxed);
         }
         r
     }
@@ -76,22 +85,77 @@ fn raise_fd_limit() {
     }
 }
 
+/// Timeouts, checked on a coarse tick: `idle` closes a connection that moved no byte for that
+/// long; `header` closes one whose next request started arriving but whose headers were not
+/// complete within that time (slow-loris). hyper's own header timeout is not used because it
+/// also runs while a keep-alive connection is idle, which would cut idle connections short.
+struct Watchdog {
+    idle: Duration,
+    header: Duration,
+    moved: u64,
+    quiet_since: Instant,
+    answered: u64,
+    read_at_answer: u64,
+    head_since: Option<Instant>,
+}
+
+impl Watchdog {
+    fn new(idle: Duration, header: Duration) -> Watchdog {
+        let now = Instant::now();
+        Watchdog { idle, header, moved: 0, quiet_since: now, answered: 0, read_at_answer: 0, head_since: None }
+    }
+
+    /// Whether the connection should be closed now.
+    fn expired(&mut self, a: &Activity) -> bool {
+        let now = Instant::now();
+        let read = a.read.load(Ordering::Relaxed);
+        let moved = read + a.written.load(Ordering::Relaxed);
+        if moved != self.moved {
+            (self.moved, self.quiet_since) = (moved, now);
+        } else if now.duration_since(self.quiet_since) >= self.idle {
+            return true;
+        }
+        let (started, answered) = (a.started.load(Ordering::Relaxed), a.answered.load(Ordering::Relaxed));
+        if started != answered {
+            self.head_since = None; // inside a request: the body and the handler are not timed here
+            return false;
+        }
+        if answered != self.answered {
+            (self.answered, self.read_at_answer, self.head_since) = (answered, read, None);
+        } else if read != self.read_at_answer && self.head_since.is_none() {
+            self.head_since = Some(now); // bytes of the next request's head have arrived
+        }
+        self.head_since.is_some_and(|t| now.duration_since(t) >= self.header)
+    }
+}
+
 async fn serve_connection(app: Arc<App>, stream: TcpStream, mut shutdown: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
-    let moved = Arc::new(AtomicU64::new(0));
-    let io = TokioIo::new(Tracked { inner: stream, moved: moved.clone() });
+    let activity = Arc::new(Activity::default());
+    let io = TokioIo::new(Tracked { inner: stream, activity: activity.clone() });
     let s = &app.settings;
-    let idle = s.idle_timeout;
+    let mut watchdog = Watchdog::new(s.idle_timeout, s.header_timeout);
+    let period = (s.idle_timeout.min(s.header_timeout) / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let max_buf = (s.max_header_size as usize).max(8192);
+    let seen = activity.clone();
+    let service = service_fn(move |req| {
+        seen.started.fetch_add(1, Ordering::Relaxed);
+        let (app, seen) = (app.clone(), seen.clone());
+        async move {
+            let r = handle(app, req).await;
+            seen.answered.fetch_add(1, Ordering::Relaxed);
+            r
+        }
+    });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(s.header_timeout)
-        .max_buf_size((s.max_header_size as usize).max(8192))
+        .header_read_timeout(None)
+        .max_buf_size(max_buf)
         .keep_alive(true)
-        .serve_connection(io, service_fn(move |req| handle(app.clone(), req)));
+        .serve_connection(io, service);
     tokio::pin!(conn);
-    let mut tick = tokio::time::interval((idle / 4).max(Duration::from_millis(100)));
+    let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut seen, mut quiet_since) = (0, Instant::now());
     loop {
         tokio::select! {
             _ = conn.as_mut() => return,
@@ -101,10 +165,7 @@ async fn serve_connection(app: Arc<App>, stream: TcpStream, mut shutdown: watch:
                 return;
             }
             _ = tick.tick() => {
-                let now = moved.load(Ordering::Relaxed);
-                if now != seen {
-                    (seen, quiet_since) = (now, Instant::now());
-                } else if quiet_since.elapsed() >= idle {
+                if watchdog.expired(&activity) {
                     return; // dropping the connection closes it
                 }
             }

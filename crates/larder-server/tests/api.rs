@@ -149,11 +149,21 @@ fn header_and_uri_limits() {
 }
 
 #[test]
-fn idle_connections_are_closed() {
-    let s = Server::start(&["--idle-timeout", "1s"]);
+fn idle_and_slow_header_connections_are_closed_on_their_own_clocks() {
+    use std::time::Duration;
+    let s = Server::start(&["--idle-timeout", "3s", "--header-timeout", "1s"]);
     let mut c = s.client();
     assert_eq!(c.put("/k", b"v").status, 200);
-    std::thread::sleep(std::time::Duration::from_millis(2500));
-    // The server closed the idle connection: the next request on it sees EOF or a reset.
+    // Idle longer than the header timeout but shorter than the idle timeout: still open.
+    std::thread::sleep(Duration::from_millis(1800));
+    assert_eq!(c.try_request("GET", "/k", &[], b"").expect("connection kept").status, 200);
+    // Idle past the idle timeout: closed; the next request sees EOF or a reset.
+    std::thread::sleep(Duration::from_millis(4500));
     assert!(c.try_request("GET", "/k", &[], b"").is_err());
+    // A request head that never completes is cut after the header timeout.
+    let mut slow = s.client();
+    slow.raw(b"GET /k HTTP/1.1\r\nHost: x\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let _ = slow.raw(b"X-Late: 1\r\n\r\n");
+    assert!(slow.read_response(false).is_err(), "slow header block was served");
 }
