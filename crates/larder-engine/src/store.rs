@@ -445,6 +445,11 @@ pub struct Store {
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
+/// A header stamped now; `append` sets the generation and the encoder the lengths.
+fn new_header(flags: u16) -> Header {
+    Header { flags, key_len: 0, value_len: 0, meta_len: 0, generation: 0, stored_ms: now_ms(), expiry_ms: 0 }
+}
+
 fn check_key(key: &[u8]) -> Result<()> {
     if key.is_empty() || key.len() > MAX_KEY_LEN {
         return Err(Error::new(
@@ -554,22 +559,14 @@ impl Store {
         let shared = Arc::new(shared);
         let (tx, rx) = mpsc::channel();
         *shared.jobs.lock() = Some(tx);
-        let mut threads = Vec::new();
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name.into()).spawn(f).map_err(|e| Error::io(format!("starting {name}"), e))
+        };
         let sh = shared.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("larder-maint".into())
-                .spawn(move || sh.maintenance(rx))
-                .map_err(|e| Error::io("starting the maintenance thread", e))?,
-        );
+        let mut threads = vec![spawn("larder-maint", Box::new(move || sh.maintenance(rx)))?];
         if let FsyncPolicy::Every(every) = shared.cfg.fsync {
             let sh = shared.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name("larder-sync".into())
-                    .spawn(move || sh.syncer(every))
-                    .map_err(|e| Error::io("starting the sync thread", e))?,
-            );
+            threads.push(spawn("larder-sync", Box::new(move || sh.syncer(every)))?);
         }
         for slot in rec.unhinted {
             let s = &shared.slots[slot];
@@ -609,15 +606,7 @@ impl Store {
         }
         let value_crc = crc32c::crc32c(value);
         let hash = sh.hash(key);
-        let header = Header {
-            flags: 0,
-            key_len: 0,
-            value_len: 0,
-            meta_len: 0,
-            generation: 0,
-            stored_ms: now_ms(),
-            expiry_ms: 0,
-        };
+        let header = new_header(0);
         let (pos, seq) = {
             let mut w = sh.writer.lock();
             let (pos, loc) = sh.append(&mut w, header, key, value, value_crc)?;
@@ -695,16 +684,7 @@ impl Store {
             if !sh.key_at(loc, key) {
                 return Ok(false);
             }
-            let header = Header {
-                flags: FLAG_TOMBSTONE,
-                key_len: 0,
-                value_len: 0,
-                meta_len: 0,
-                generation: 0,
-                stored_ms: now_ms(),
-                expiry_ms: 0,
-            };
-            sh.append(&mut w, header, key, b"", crc32c::crc32c(b""))?;
+            sh.append(&mut w, new_header(FLAG_TOMBSTONE), key, b"", crc32c::crc32c(b""))?;
             sh.index.remove_if_eq(hash, loc);
             w.appended
         };

@@ -73,7 +73,8 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Resp, std::
     if s.access_log || slow {
         let (path, status) = (uri.path(), resp.status().as_u16());
         if s.access_log {
-            tracing::info!(target: "larder::access", %method, path, status, micros = elapsed.as_micros() as u64);
+            let bytes = hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0);
+            tracing::info!(target: "larder::access", %method, path, status, bytes, micros = elapsed.as_micros() as u64);
         }
         if slow {
             tracing::warn!(%method, path, status, millis = elapsed.as_millis() as u64, "slow request");
