@@ -125,7 +125,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_mismatch() {
-        let vh = VolumeHeader { slot: 2, generation: 5, sequence: 9, created_ms: 0, dir_id: [0; 16] };
+        let vh = VolumeHeader { slot: 2, generation: 5, sequence: 9, salt: 1, created_ms: 0, dir_id: [0; 16] };
         let entries = vec![
             HintEntry::Put { hash: 1, offset: 64, len: 60, expiry_ms: 0 },
             HintEntry::Drop { hash: 2, offset: 128, len: 52, key: b"gone".to_vec() },

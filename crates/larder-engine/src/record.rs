@@ -4,7 +4,10 @@
 //! to a multiple of [`ALIGN`] bytes so that index offsets can be stored in 8-byte units. Two
 //! checksums protect it: `hcrc` covers the header and key (so a record whose value is damaged
 //! still says reliably *which* key it belonged to), `crc` covers everything after itself up to
-//! the end of the value. The byte table lives in docs/FORMAT.md; change both together.
+//! the end of the value. Both CRC32Cs start from the volume's random **salt** instead of 0:
+//! bytes a client stored inside a value can never pass for a record of that volume, even when
+//! recovery searches for the next record after damage. The byte table lives in
+//! docs/FORMAT.md; change both together.
 
 /// Record format version written by this build. Bump when the header layout changes, and keep
 /// a decoder for the previous version so an upgrade does not throw the cache away.
@@ -88,9 +91,9 @@ pub fn encoded_len(key_len: usize, meta_len: usize, value_len: usize) -> usize {
 ///
 /// The caller guarantees `key.len() <= MAX_KEY_LEN`, `meta.len() <= MAX_META_LEN` and
 /// `value.len() <= u32::MAX`.
-pub fn encode_into(out: &mut Vec<u8>, h: &Header, key: &[u8], meta: &[u8], value: &[u8]) {
+pub fn encode_into(out: &mut Vec<u8>, h: &Header, key: &[u8], meta: &[u8], value: &[u8], salt: u32) {
     let start = out.len();
-    encode_prefix(out, h, key, meta, value.len(), crc32c::crc32c(value));
+    encode_prefix(out, h, key, meta, value.len(), crc32c::crc32c(value), salt);
     out.extend_from_slice(value);
     let len = out.len() - start;
     out.resize(start + padded(len as u64) as usize, 0);
@@ -99,8 +102,16 @@ pub fn encode_into(out: &mut Vec<u8>, h: &Header, key: &[u8], meta: &[u8], value
 /// Appends header, key and metadata of a record whose value (of `value_len` bytes with
 /// CRC32C `value_crc`) the caller writes right after, followed by zero padding up to
 /// [`padded`] of the record length. Lets the writer hand the value to the kernel without
-/// copying it into a record buffer.
-pub fn encode_prefix(out: &mut Vec<u8>, h: &Header, key: &[u8], meta: &[u8], value_len: usize, value_crc: u32) {
+/// copying it into a record buffer. `value_crc` is the plain (unsalted) CRC32C of the value.
+pub fn encode_prefix(
+    out: &mut Vec<u8>,
+    h: &Header,
+    key: &[u8],
+    meta: &[u8],
+    value_len: usize,
+    value_crc: u32,
+    salt: u32,
+) {
     debug_assert!(key.len() <= MAX_KEY_LEN && meta.len() <= MAX_META_LEN);
     debug_assert!(value_len <= u32::MAX as usize);
     let start = out.len();
@@ -117,10 +128,10 @@ pub fn encode_prefix(out: &mut Vec<u8>, h: &Header, key: &[u8], meta: &[u8], val
     out.extend_from_slice(&h.expiry_ms.to_le_bytes());
     debug_assert_eq!(out.len() - start, HEADER_LEN);
     out.extend_from_slice(key);
-    let hcrc = crc32c::crc32c_append(crc32c::crc32c(&out[start + 12..start + HEADER_LEN]), key);
+    let hcrc = crc32c::crc32c_append(crc32c::crc32c_append(salt, &out[start + 12..start + HEADER_LEN]), key);
     out[start + 8..start + 12].copy_from_slice(&hcrc.to_le_bytes());
     out.extend_from_slice(meta);
-    let prefix_crc = crc32c::crc32c(&out[start + 8..]);
+    let prefix_crc = crc32c::crc32c_append(salt, &out[start + 8..]);
     let crc = crc32c::crc32c_combine(prefix_crc, value_crc, value_len);
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
@@ -137,8 +148,9 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 /// Decodes and verifies the header and key at the start of `buf`.
 ///
-/// Needs `HEADER_LEN + key_len` bytes; returns `Short` when `buf` has fewer.
-pub fn decode_header(buf: &[u8]) -> Result<Header, DecodeError> {
+/// Needs `HEADER_LEN + key_len` bytes; returns `Short` when `buf` has fewer. `salt` is the
+/// volume's checksum salt.
+pub fn decode_header(buf: &[u8], salt: u32) -> Result<Header, DecodeError> {
     if buf.len() < HEADER_LEN {
         return Err(DecodeError::Short);
     }
@@ -161,7 +173,7 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, DecodeError> {
     if buf.len() < key_end {
         return Err(DecodeError::Short);
     }
-    let hcrc = crc32c::crc32c_append(crc32c::crc32c(&buf[12..HEADER_LEN]), &buf[HEADER_LEN..key_end]);
+    let hcrc = crc32c::crc32c_append(crc32c::crc32c_append(salt, &buf[12..HEADER_LEN]), &buf[HEADER_LEN..key_end]);
     if hcrc != u32_at(buf, 8) {
         return Err(DecodeError::BadHeader);
     }
@@ -182,13 +194,13 @@ pub struct RecordRef<'a> {
 }
 
 /// Decodes and fully verifies (both checksums) the record at the start of `buf`.
-pub fn decode(buf: &[u8]) -> Result<RecordRef<'_>, DecodeError> {
-    let header = decode_header(buf)?;
+pub fn decode(buf: &[u8], salt: u32) -> Result<RecordRef<'_>, DecodeError> {
+    let header = decode_header(buf, salt)?;
     let len = header.record_len() as usize;
     if buf.len() < len {
         return Err(DecodeError::Short);
     }
-    if crc32c::crc32c(&buf[8..len]) != u32_at(buf, 4) {
+    if crc32c::crc32c_append(salt, &buf[8..len]) != u32_at(buf, 4) {
         return Err(DecodeError::BadBody);
     }
     let key_end = HEADER_LEN + header.key_len as usize;
@@ -233,6 +245,16 @@ pub fn size_class_bytes(class: u16) -> u64 {
 mod tests {
     use super::*;
 
+    const SALT: u32 = 0x5eed_1234;
+
+    #[test]
+    fn another_salt_fails_both_checksums() {
+        let mut buf = Vec::new();
+        encode_into(&mut buf, &header(0), b"key", b"", b"value", SALT);
+        assert!(decode(&buf, SALT).is_ok());
+        assert_eq!(decode_header(&buf, SALT ^ 1).unwrap_err(), DecodeError::BadHeader);
+    }
+
     fn header(flags: u16) -> Header {
         Header { flags, key_len: 0, value_len: 0, meta_len: 0, generation: 7, stored_ms: 1, expiry_ms: 0 }
     }
@@ -240,10 +262,10 @@ mod tests {
     #[test]
     fn round_trip_and_padding() {
         let mut buf = Vec::new();
-        encode_into(&mut buf, &header(0), b"some/key", b"", b"hello world");
+        encode_into(&mut buf, &header(0), b"some/key", b"", b"hello world", SALT);
         assert_eq!(buf.len() % ALIGN as usize, 0);
         assert_eq!(buf.len(), encoded_len(8, 0, 11));
-        let r = decode(&buf).unwrap();
+        let r = decode(&buf, SALT).unwrap();
         assert_eq!(r.key, b"some/key");
         assert_eq!(&buf[r.value_range.0..r.value_range.1], b"hello world");
         assert_eq!(r.header.generation, 7);
@@ -253,32 +275,32 @@ mod tests {
     #[test]
     fn value_damage_keeps_header_trustworthy() {
         let mut buf = Vec::new();
-        encode_into(&mut buf, &header(0), b"k", b"", &[9u8; 100]);
+        encode_into(&mut buf, &header(0), b"k", b"", &[9u8; 100], SALT);
         buf[HEADER_LEN + 10] ^= 0x40;
-        assert_eq!(decode(&buf).unwrap_err(), DecodeError::BadBody);
-        assert_eq!(decode_header(&buf).unwrap().value_len, 100);
+        assert_eq!(decode(&buf, SALT).unwrap_err(), DecodeError::BadBody);
+        assert_eq!(decode_header(&buf, SALT).unwrap().value_len, 100);
     }
 
     #[test]
     fn header_or_key_damage_is_detected() {
         let mut buf = Vec::new();
-        encode_into(&mut buf, &header(FLAG_TOMBSTONE), b"key", b"", b"");
+        encode_into(&mut buf, &header(FLAG_TOMBSTONE), b"key", b"", b"", SALT);
         for at in 8..HEADER_LEN + 3 {
             let mut b = buf.clone();
             b[at] ^= 1;
-            assert!(decode(&b).is_err(), "flip at {at} went unnoticed");
+            assert!(decode(&b, SALT).is_err(), "flip at {at} went unnoticed");
         }
         let mut b = buf.clone();
         b[0] ^= 1;
-        assert_eq!(decode(&b).unwrap_err(), DecodeError::BadMagic);
+        assert_eq!(decode(&b, SALT).unwrap_err(), DecodeError::BadMagic);
     }
 
     #[test]
     fn short_buffers_say_short() {
         let mut buf = Vec::new();
-        encode_into(&mut buf, &header(0), b"key", b"", b"value");
+        encode_into(&mut buf, &header(0), b"key", b"", b"value", SALT);
         for cut in [0, 10, HEADER_LEN, HEADER_LEN + 2, HEADER_LEN + 5] {
-            assert_eq!(decode(&buf[..cut]).unwrap_err(), DecodeError::Short, "cut {cut}");
+            assert_eq!(decode(&buf[..cut], SALT).unwrap_err(), DecodeError::Short, "cut {cut}");
         }
     }
 

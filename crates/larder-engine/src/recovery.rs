@@ -15,6 +15,8 @@ use crate::store::Shared;
 use crate::volume::{hint_path, slot_of_file_name, volume_path, VolumeHeader, VOLUME_HEADER_LEN};
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
+use std::path::Path;
+use std::sync::atomic::Ordering;
 
 const CHUNK: usize = 4 << 20;
 
@@ -76,17 +78,33 @@ impl Window<'_> {
     }
 }
 
-/// Scans records of generation `generation` in `file` between `start` and `end`.
+/// What to scan: records of `generation` (checksums salted with `salt`) from `start` to `end`.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanRange {
+    /// First byte of the first record.
+    pub start: u64,
+    /// End of the data (file length).
+    pub end: u64,
+    /// Generation the records must carry.
+    pub generation: u32,
+    /// The volume's checksum salt.
+    pub salt: u32,
+    /// Whether the last records may be a torn write (only in the volume being written). A
+    /// damaged record at the end of a sealed volume is damage, not a torn write.
+    pub torn_tail_possible: bool,
+}
+
+/// Scans the records of `file` in `range`.
 ///
-/// `on_event` sees valid records in order, and damaged ones (in their place) only once a later
-/// valid record shows they are not the torn tail.
+/// `on_event` sees valid records in order, and damaged ones in their place: at once in a
+/// sealed volume, and in the active volume only once a later valid record shows they are not
+/// a torn write (a torn write was never acknowledged, so the value before it stays).
 pub fn scan_volume(
     file: &File,
-    start: u64,
-    end: u64,
-    generation: u32,
+    range: ScanRange,
     mut on_event: impl FnMut(ScanEvent<'_>),
 ) -> std::io::Result<ScanOutcome> {
+    let ScanRange { start, end, generation, salt, torn_tail_possible } = range;
     let mut w = Window { file, end, start: 0, buf: Vec::new() };
     let mut out = ScanOutcome { valid_end: start, ..Default::default() };
     let mut pending: Vec<(u64, Header, Vec<u8>)> = Vec::new();
@@ -94,7 +112,7 @@ pub fn scan_volume(
     let mut pos = start;
     while pos + HEADER_LEN as u64 <= end {
         let head = w.at(pos, HEADER_LEN + MAX_KEY_LEN)?;
-        match record::decode_header(head) {
+        match record::decode_header(head, salt) {
             Ok(h) if h.generation != generation => break,
             Ok(h) => {
                 let len = h.record_len();
@@ -102,7 +120,10 @@ pub fn scan_volume(
                     break; // torn tail
                 }
                 let rec = w.at(pos, len as usize)?;
-                match record::decode(rec) {
+                if rec.len() < len as usize {
+                    break; // the file shrank under us (the ring reused the slot)
+                }
+                match record::decode(rec, salt) {
                     Ok(r) => {
                         for (offset, header, key) in pending.drain(..) {
                             on_event(ScanEvent::Damaged { offset, header, key: &key });
@@ -115,14 +136,20 @@ pub fn scan_volume(
                         out.valid_end = pos;
                     }
                     Err(_) => {
-                        pending.push((pos, h, rec[HEADER_LEN..HEADER_LEN + h.key_len as usize].to_vec()));
-                        pending_gaps += 1;
+                        let key = &rec[HEADER_LEN..HEADER_LEN + h.key_len as usize];
+                        if torn_tail_possible {
+                            pending.push((pos, h, key.to_vec()));
+                            pending_gaps += 1;
+                        } else {
+                            on_event(ScanEvent::Damaged { offset: pos, header: h, key });
+                            out.skipped += 1;
+                        }
                         pos += h.padded_len();
                     }
                 }
             }
             Err(DecodeError::Short) => break,
-            Err(_) => match resync(&mut w, pos + record::ALIGN, end, generation)? {
+            Err(_) => match resync(&mut w, pos + record::ALIGN, end, generation, salt)? {
                 Some(next) => {
                     pending_gaps += 1;
                     pos = next;
@@ -131,20 +158,23 @@ pub fn scan_volume(
             },
         }
     }
+    if !torn_tail_possible {
+        out.skipped += pending_gaps;
+    }
     Ok(out)
 }
 
 /// The next 8-aligned offset after a damaged stretch where a whole valid record of
 /// `generation` starts, if any.
-fn resync(w: &mut Window<'_>, from: u64, end: u64, generation: u32) -> std::io::Result<Option<u64>> {
+fn resync(w: &mut Window<'_>, from: u64, end: u64, generation: u32, salt: u32) -> std::io::Result<Option<u64>> {
     let mut p = from;
     while p + HEADER_LEN as u64 <= end {
         let b = w.at(p, HEADER_LEN + MAX_KEY_LEN)?;
         if b.len() >= 4 && b[..4] == record::MAGIC.to_le_bytes() {
-            if let Ok(h) = record::decode_header(b) {
+            if let Ok(h) = record::decode_header(b, salt) {
                 if h.generation == generation && p + h.record_len() <= end {
                     let len = h.record_len() as usize;
-                    if record::decode(w.at(p, len)?).is_ok() {
+                    if record::decode(w.at(p, len)?, salt).is_ok() {
                         return Ok(Some(p));
                     }
                 }
@@ -158,8 +188,11 @@ fn resync(w: &mut Window<'_>, from: u64, end: u64, generation: u32) -> std::io::
 /// Figures from a recovery, reported in stats.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RecoveryReport {
-    /// Volumes found.
+    /// Volumes replayed.
     pub volumes: u64,
+    /// Volumes discarded: damaged headers, outside the ring or larger than a volume, and every
+    /// volume older than one of those.
+    pub discarded: u64,
     /// Sealed volumes loaded from hint files.
     pub hint_loads: u64,
     /// Volumes scanned record by record.
@@ -182,76 +215,178 @@ pub(crate) struct Recovered {
     pub report: RecoveryReport,
 }
 
+fn read_volume_header(file: &File) -> std::io::Result<Option<VolumeHeader>> {
+    let mut hb = [0u8; VOLUME_HEADER_LEN as usize];
+    let n = io::read_at_most(file, &mut hb, 0)?;
+    Ok(VolumeHeader::decode(&hb[..n]))
+}
+
+/// The directory id of the newest volume in `dir`, so that a lost manifest can be replaced
+/// without disowning the volumes.
+pub(crate) fn newest_dir_id(dir: &Path) -> Option<[u8; 16]> {
+    let mut newest: Option<VolumeHeader> = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        if !entry.file_name().to_string_lossy().ends_with(".lrv") {
+            continue;
+        }
+        let Ok(f) = File::open(entry.path()) else { continue };
+        if let Ok(Some(h)) = read_volume_header(&f) {
+            if newest.is_none_or(|n| h.sequence > n.sequence) {
+                newest = Some(h);
+            }
+        }
+    }
+    newest.map(|h| h.dir_id)
+}
+
+/// Removes every hint file: used when the key-hash seed they were made with is gone.
+pub(crate) fn remove_hints(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        if entry.file_name().to_string_lossy().ends_with(".hint") {
+            io::remove_if_exists(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// What recovery found in a slot.
+enum Found {
+    /// A sound header and a length within the volume size.
+    Valid(VolumeHeader),
+    /// Shorter than a header: a reset of the slot was cut short. It held the oldest data of
+    /// the ring, which was being evicted anyway.
+    Empty,
+    /// Unusable: damaged or foreign header, or larger than a volume.
+    Bad,
+}
+
 /// Replays everything in the data directory into `sh`'s index and slot table.
+///
+/// A volume that must be discarded takes every older volume with it: otherwise an older value
+/// of one of its keys (or a value its tombstone deleted) would come back.
 pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
     let started = std::time::Instant::now();
     let count = sh.slots.len();
     let mut report = RecoveryReport::default();
+    // Volumes with a sequence below this are discarded.
+    let mut keep_from = 0u64;
     let read_dir = std::fs::read_dir(&sh.dir).map_err(|e| Error::io("listing the data directory", e))?;
     for entry in read_dir.flatten() {
-        let name = entry.file_name();
-        if let Some(slot) = name.to_str().and_then(slot_of_file_name) {
-            if slot >= count {
-                tracing::warn!(file = ?name, "slot beyond --volume-count; removing it (its keys are evicted)");
-                io::remove_if_exists(&entry.path()).map_err(|e| Error::io("removing an out-of-ring volume", e))?;
-            }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".tmp") {
+            // Left by an interrupted atomic write; the file it was replacing is intact.
+            io::remove_if_exists(&entry.path()).map_err(|e| Error::io("removing a temporary file", e))?;
+            continue;
         }
+        let Some(slot) = slot_of_file_name(&name).filter(|&s| s >= count) else { continue };
+        if name.ends_with(".lrv") {
+            let f = File::open(entry.path()).map_err(|e| Error::io("opening a volume", e))?;
+            let len = f.metadata().map_err(|e| Error::io("reading a volume's length", e))?.len();
+            match read_volume_header(&f).map_err(|e| Error::io("reading a volume header", e))? {
+                Some(h) => keep_from = keep_from.max(h.sequence),
+                None if len >= VOLUME_HEADER_LEN => keep_from = u64::MAX,
+                None => {}
+            }
+            tracing::warn!(slot, "volume beyond --volume-count; removing it with every older volume");
+        }
+        io::remove_if_exists(&entry.path()).map_err(|e| Error::io("removing an out-of-ring volume", e))?;
     }
 
-    let mut found: Vec<(u64, usize, VolumeHeader)> = Vec::new();
+    let mut states: Vec<Option<Found>> = Vec::with_capacity(count);
     for slot in 0..count {
         let path = volume_path(&sh.dir, slot);
         if !path.exists() {
             io::remove_if_exists(&hint_path(&sh.dir, slot)).map_err(|e| Error::io("removing an orphan hint", e))?;
+            states.push(None);
             continue;
         }
         let file =
             OpenOptions::new().read(true).write(true).open(&path).map_err(|e| Error::io("opening a volume", e))?;
-        let mut hb = [0u8; VOLUME_HEADER_LEN as usize];
-        let n = io::read_at_most(&file, &mut hb, 0).map_err(|e| Error::io("reading a volume header", e))?;
-        let header = VolumeHeader::decode(&hb[..n]).filter(|h| h.slot as usize == slot);
-        let header = match header {
-            Some(h) if hints_trusted && h.dir_id != sh.dir_id => {
-                tracing::warn!(?path, "volume belongs to another data directory; discarding it");
-                None
+        let len = file.metadata().map_err(|e| Error::io("reading a volume's length", e))?.len();
+        let header = read_volume_header(&file).map_err(|e| Error::io("reading a volume header", e))?;
+        let found = match header {
+            Some(h) if h.slot as usize != slot || h.dir_id != sh.dir_id => {
+                tracing::warn!(?path, "volume belongs to another slot or data directory; discarding it");
+                Found::Bad
             }
-            h => h,
-        };
-        let s = &sh.slots[slot];
-        match header {
-            Some(h) => {
-                s.generation.store(h.generation, std::sync::atomic::Ordering::Release);
-                s.sequence.store(h.sequence, std::sync::atomic::Ordering::Relaxed);
-                found.push((h.sequence, slot, h));
+            Some(h) if len > sh.cfg.volume_size => {
+                tracing::warn!(?path, len, "volume larger than --volume-size; discarding it with every older volume");
+                keep_from = keep_from.max(h.sequence);
+                Found::Bad
             }
+            Some(h) => Found::Valid(h),
+            None if len < VOLUME_HEADER_LEN => Found::Empty,
             None => {
-                // A torn reset or foreign bytes: nothing here can be served. Reclaim the space.
-                tracing::warn!(?path, "volume header unreadable; treating the slot as empty");
-                file.set_len(0).map_err(|e| Error::io("emptying a damaged volume", e))?;
-                io::remove_if_exists(&hint_path(&sh.dir, slot)).map_err(|e| Error::io("removing a hint", e))?;
+                tracing::warn!(?path, "volume header damaged; discarding it with every older volume");
+                Found::Bad
             }
-        }
-        let _ = s.file.set(file);
+        };
+        states.push(Some(found));
+        let _ = sh.slots[slot].file.set(file);
     }
-    found.sort_by_key(|f| f.0);
+    let newest =
+        states.iter().flatten().filter_map(|f| if let Found::Valid(h) = f { Some(h.sequence) } else { None }).max();
+    for d in 0..count {
+        if !matches!(states[d], Some(Found::Bad)) {
+            continue;
+        }
+        // The ring always moves to the next slot, so a bad volume is one newer than its
+        // predecessor in the ring, unless that predecessor is the newest (then it was oldest).
+        match &states[(d + count - 1) % count] {
+            Some(Found::Valid(p)) if Some(p.sequence) == newest => {}
+            Some(Found::Valid(p)) => keep_from = keep_from.max(p.sequence + 1),
+            _ => keep_from = keep_from.max(newest.unwrap_or(u64::MAX)),
+        }
+    }
+
+    let mut found: Vec<VolumeHeader> = Vec::new();
+    for (slot, state) in states.iter().enumerate() {
+        let keep = match state {
+            None => continue,
+            Some(Found::Valid(h)) if h.sequence >= keep_from => {
+                found.push(*h);
+                true
+            }
+            Some(Found::Valid(_)) | Some(Found::Bad) => {
+                report.discarded += 1;
+                false
+            }
+            Some(Found::Empty) => false,
+        };
+        if !keep {
+            // Nothing here can be served: reclaim the space; the slot starts afresh when the
+            // ring reaches it.
+            let file = sh.slots[slot].file.get().expect("opened above");
+            file.set_len(0).map_err(|e| Error::io("emptying a discarded volume", e))?;
+            io::remove_if_exists(&hint_path(&sh.dir, slot)).map_err(|e| Error::io("removing a hint", e))?;
+        }
+    }
+    if report.discarded > 0 {
+        tracing::warn!(volumes = report.discarded, "discarded volumes; their keys are misses");
+    }
+    found.sort_by_key(|h| h.sequence);
     report.volumes = found.len() as u64;
 
     let mut unhinted = Vec::new();
     let mut active = None;
-    for (i, &(_, slot, vh)) in found.iter().enumerate() {
+    for (i, vh) in found.iter().enumerate() {
+        let slot = vh.slot as usize;
         let is_active = i + 1 == found.len();
         let s = &sh.slots[slot];
+        s.generation.store(vh.generation, Ordering::Release);
+        s.salt.store(vh.salt, Ordering::Release);
+        s.sequence.store(vh.sequence, Ordering::Relaxed);
         let file = s.file.get().expect("opened above");
         let file_len = file.metadata().map_err(|e| Error::io("reading a volume's length", e))?.len();
         if !is_active && hints_trusted {
             if let Ok(bytes) = std::fs::read(hint_path(&sh.dir, slot)) {
-                if let Some(entries) = hint::decode(&bytes, &vh, file_len) {
+                if let Some(entries) = hint::decode(&bytes, vh, file_len) {
                     for e in entries {
                         report.records += 1;
                         apply_hint(sh, slot, vh.generation, e);
                     }
                     report.hint_loads += 1;
-                    s.len.store(file_len, std::sync::atomic::Ordering::Relaxed);
+                    s.len.store(file_len, Ordering::Relaxed);
                     continue;
                 }
                 tracing::warn!(slot, "hint file does not match its volume; scanning the volume");
@@ -259,7 +394,14 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
         }
         report.scans += 1;
         let now = crate::store::now_ms();
-        let outcome = scan_volume(file, VOLUME_HEADER_LEN, file_len, vh.generation, |ev| match ev {
+        let range = ScanRange {
+            start: VOLUME_HEADER_LEN,
+            end: file_len,
+            generation: vh.generation,
+            salt: vh.salt,
+            torn_tail_possible: is_active,
+        };
+        let outcome = scan_volume(file, range, |ev| match ev {
             ScanEvent::Valid { offset, header, key } => {
                 let hash = sh.hash(key);
                 if header.is_tombstone() || (header.expiry_ms != 0 && header.expiry_ms <= now) {
@@ -276,7 +418,8 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
         .map_err(|e| Error::io("scanning a volume", e))?;
         report.records += outcome.records;
         report.skipped += outcome.skipped;
-        if outcome.valid_end < file_len {
+        let mut len = file_len;
+        if is_active && outcome.valid_end < file_len {
             report.truncated_bytes += file_len - outcome.valid_end;
             tracing::warn!(
                 slot,
@@ -285,24 +428,24 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
                 "truncating the tail after the last valid record"
             );
             file.set_len(outcome.valid_end).map_err(|e| Error::io("truncating a torn tail", e))?;
+            len = outcome.valid_end;
         }
-        s.len.store(outcome.valid_end, std::sync::atomic::Ordering::Relaxed);
+        s.len.store(len, Ordering::Relaxed);
         if is_active {
-            active = Some((slot, outcome.valid_end));
+            active = Some((slot, len));
         } else {
             unhinted.push(slot);
         }
     }
     report.millis = started.elapsed().as_millis() as u64;
-    Ok(Recovered { active, next_sequence: found.last().map_or(1, |f| f.0 + 1), unhinted, report })
+    Ok(Recovered { active, next_sequence: found.last().map_or(1, |h| h.sequence + 1), unhinted, report })
 }
 
 fn apply_hint(sh: &Shared, slot: usize, generation: u32, e: HintEntry) {
     match e {
-        HintEntry::Put { hash, offset, len, expiry_ms } => {
-            if expiry_ms != 0 && expiry_ms <= crate::store::now_ms() {
-                return; // expired while down; older values of the key stay shadowed by the index
-            }
+        // Expired entries are indexed too: they must still shadow older values of their key,
+        // and reads answer them as misses.
+        HintEntry::Put { hash, offset, len, .. } => {
             sh.index.insert(hash, sh.loc(slot, generation, offset, len as u64));
         }
         HintEntry::Drop { hash, key, .. } => sh.drop_if_key(hash, &key),
@@ -310,9 +453,16 @@ fn apply_hint(sh: &Shared, slot: usize, generation: u32, e: HintEntry) {
 }
 
 /// Builds the hint entries of a sealed volume by scanning it.
-pub(crate) fn hint_entries(sh: &Shared, file: &File, len: u64, generation: u32) -> std::io::Result<Vec<HintEntry>> {
+pub(crate) fn hint_entries(
+    sh: &Shared,
+    file: &File,
+    len: u64,
+    generation: u32,
+    salt: u32,
+) -> std::io::Result<Vec<HintEntry>> {
     let mut entries = Vec::new();
-    scan_volume(file, VOLUME_HEADER_LEN, len, generation, |ev| {
+    let range = ScanRange { start: VOLUME_HEADER_LEN, end: len, generation, salt, torn_tail_possible: false };
+    scan_volume(file, range, |ev| {
         let (offset, header, key, dropped) = match ev {
             ScanEvent::Valid { offset, header, key } => (offset, header, key, header.is_tombstone()),
             ScanEvent::Damaged { offset, header, key } => (offset, header, key, true),
@@ -336,17 +486,24 @@ mod tests {
     fn rec(key: &[u8], value: &[u8], generation: u32) -> Vec<u8> {
         let mut b = Vec::new();
         let h = Header { flags: 0, key_len: 0, value_len: 0, meta_len: 0, generation, stored_ms: 0, expiry_ms: 0 };
-        record::encode_into(&mut b, &h, key, b"", value);
+        record::encode_into(&mut b, &h, key, b"", value, SALT);
         b
     }
 
+    const SALT: u32 = 77;
+
     fn scan_bytes(bytes: &[u8], generation: u32) -> (ScanOutcome, Vec<String>) {
+        scan_bytes_as(bytes, generation, true)
+    }
+
+    fn scan_bytes_as(bytes: &[u8], generation: u32, torn_tail_possible: bool) -> (ScanOutcome, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
         let f =
             OpenOptions::new().read(true).write(true).create(true).truncate(true).open(dir.path().join("v")).unwrap();
         f.write_all_at(bytes, 0).unwrap();
         let mut seen = Vec::new();
-        let out = scan_volume(&f, 0, bytes.len() as u64, generation, |ev| {
+        let range = ScanRange { start: 0, end: bytes.len() as u64, generation, salt: SALT, torn_tail_possible };
+        let out = scan_volume(&f, range, |ev| {
             seen.push(match ev {
                 ScanEvent::Valid { key, .. } => format!("ok {}", String::from_utf8_lossy(key)),
                 ScanEvent::Damaged { key, .. } => format!("bad {}", String::from_utf8_lossy(key)),
@@ -387,6 +544,23 @@ mod tests {
         bad_tail[at] ^= 1;
         let (out, seen) = scan_bytes(&bad_tail, 1);
         assert_eq!((seen.len(), out.valid_end, out.skipped), (1, a.len() as u64, 0));
+        // In a sealed volume the same damage is damage: its key must be dropped.
+        let (out, seen) = scan_bytes_as(&bad_tail, 1, false);
+        assert_eq!(seen, ["ok a", "bad b"]);
+        assert_eq!(out.skipped, 1);
+    }
+
+    #[test]
+    fn a_record_hidden_in_a_value_is_never_taken_for_one() {
+        // A client stores bytes that form a perfect record of key "victim" (under some other
+        // salt): after damage before it, resync must not find it.
+        let mut forged = Vec::new();
+        let h = Header { flags: 0, key_len: 0, value_len: 0, meta_len: 0, generation: 1, stored_ms: 0, expiry_ms: 0 };
+        record::encode_into(&mut forged, &h, b"victim", b"", b"forged", SALT ^ 0xdead);
+        let (mut a, c) = (rec(b"8bytekey", &forged, 1), rec(b"c", b"3", 1)); // value 8-aligned
+        a[14] ^= 0x7f; // damage a's header: the scan must resync
+        let (_, seen) = scan_bytes(&[a, c].concat(), 1);
+        assert_eq!(seen, ["ok c"]);
     }
 
     #[test]

@@ -144,6 +144,8 @@ pub(crate) struct SlotState {
     pub file: OnceLock<File>,
     /// Current generation; 0 = the slot holds no data yet.
     pub generation: AtomicU32,
+    /// Checksum salt of the current generation's records.
+    pub salt: AtomicU32,
     pub sequence: AtomicU64,
     /// Bytes in the file (header and records).
     pub len: AtomicU64,
@@ -175,7 +177,7 @@ enum Job {
 
 pub(crate) struct Shared {
     pub dir: PathBuf,
-    cfg: StoreConfig,
+    pub cfg: StoreConfig,
     pub seed: u64,
     pub dir_id: [u8; 16],
     manifest: Mutex<Manifest>,
@@ -220,10 +222,11 @@ impl Shared {
         let (Some(g), Some(file)) = (self.live_generation(loc), self.slots[loc.slot as usize].file.get()) else {
             return false;
         };
+        let salt = self.slots[loc.slot as usize].salt.load(Ordering::Acquire);
         let want = (record::size_class_bytes(loc.class) as usize).min(HEADER_LEN + key.len());
         let mut buf = vec![0u8; want];
         let Ok(n) = io::read_at_most(file, &mut buf, loc.offset) else { return false };
-        match record::decode_header(&buf[..n]) {
+        match record::decode_header(&buf[..n], salt) {
             Ok(h) => h.generation == g && &buf[HEADER_LEN..HEADER_LEN + h.key_len as usize] == key,
             Err(_) => false,
         }
@@ -248,8 +251,13 @@ impl Shared {
     fn start_volume(&self, slot: usize, sequence: u64) -> Result<()> {
         let s = &self.slots[slot];
         let generation = s.generation.load(Ordering::Relaxed).wrapping_add(1).max(1);
-        // Readers holding entries of the old generation now fail the generation check.
+        let mut salt = [0u8; 4];
+        getrandom::fill(&mut salt).map_err(|e| Error::new(ErrorKind::Io, format!("no randomness for a salt: {e}")))?;
+        let salt = u32::from_le_bytes(salt);
+        // Readers holding entries of the old generation now fail the generation check; the
+        // salt changes after it, so a reader that saw the old generation fails its checksum.
         s.generation.store(generation, Ordering::Release);
+        s.salt.store(salt, Ordering::Release);
         io::remove_if_exists(&hint_path(&self.dir, slot)).map_err(|e| Error::io("removing a hint file", e))?;
         let created = s.file.get().is_none();
         if created {
@@ -265,7 +273,8 @@ impl Shared {
         let file = s.file.get().expect("set above");
         file.set_len(0).map_err(|e| Error::io("resetting a volume", e))?;
         s.len.store(0, Ordering::Relaxed);
-        let vh = VolumeHeader { slot: slot as u32, generation, sequence, created_ms: now_ms(), dir_id: self.dir_id };
+        let vh =
+            VolumeHeader { slot: slot as u32, generation, sequence, salt, created_ms: now_ms(), dir_id: self.dir_id };
         io::write_all_vectored_at(file, &[&vh.encode()], 0).map_err(|e| Error::io("writing a volume header", e))?;
         if self.cfg.fsync != FsyncPolicy::Never {
             io::sync_data(file).map_err(|e| Error::io("syncing a volume header", e))?;
@@ -321,17 +330,21 @@ impl Shared {
         }
         let slot = w.active;
         let generation = self.slots[slot].generation.load(Ordering::Relaxed);
+        let salt = self.slots[slot].salt.load(Ordering::Relaxed);
         let header = Header { generation, ..header };
         let mut prefix = std::mem::take(&mut w.prefix);
         prefix.clear();
-        record::encode_prefix(&mut prefix, &header, key, b"", value.len(), value_crc);
+        record::encode_prefix(&mut prefix, &header, key, b"", value.len(), value_crc, salt);
         let pad = &ZEROS[..(padded - record_len) as usize];
         let file = self.slots[slot].file.get().expect("active volume is open");
         let res = io::write_all_vectored_at(file, &[&prefix, value, pad], w.offset);
         w.prefix = prefix;
-        // On failure the offset does not move: the next append overwrites whatever part of
-        // this record reached the file, and the index never points at it.
-        res.map_err(|e| Error::io("writing a record", e))?;
+        // On failure the offset does not move and whatever part of the record reached the file
+        // is cut off (best effort): the index never points at it, and recovery never meets it.
+        if let Err(e) = res {
+            let _ = file.set_len(w.offset);
+            return Err(Error::io("writing a record", e));
+        }
         let loc = self.loc(slot, generation, w.offset, record_len);
         let pos = Position { volume: slot as u32, offset: w.offset, size: record_len };
         w.offset += padded;
@@ -344,11 +357,12 @@ impl Shared {
     fn wait_durable(&self, seq: u64) -> Result<()> {
         let mut st = self.durable.lock();
         loop {
-            if st.synced >= seq {
-                return Ok(());
-            }
+            // Failure first: a later successful sync does not cover pages whose writeback failed.
             if st.failed_through >= seq {
                 return Err(Error::new(ErrorKind::Io, "fdatasync failed; the write may not be durable"));
+            }
+            if st.synced >= seq {
+                return Ok(());
             }
             if st.syncing {
                 self.durable_cv.wait(&mut st);
@@ -378,25 +392,32 @@ impl Shared {
             slots.push(w.active);
             (w.appended, slots)
         };
+        slots.sort_unstable();
         slots.dedup();
-        for slot in slots {
+        let mut result = Ok(());
+        for &slot in &slots {
             if let Some(f) = self.slots[slot].file.get() {
                 if let Err(e) = io::sync_data(f) {
-                    return (target, Err(e));
+                    result = Err(e);
                 }
             }
         }
-        (target, Ok(()))
+        if result.is_err() {
+            // Try these volumes again at the next sync.
+            self.writer.lock().unsynced.extend(slots);
+        }
+        (target, result)
     }
 
     fn write_hint(&self, slot: usize, generation: u32, sequence: u64, len: u64) -> std::io::Result<()> {
         let s = &self.slots[slot];
         let Some(file) = s.file.get() else { return Ok(()) };
-        let entries = recovery::hint_entries(self, file, len, generation)?;
+        let salt = s.salt.load(Ordering::Acquire);
+        let entries = recovery::hint_entries(self, file, len, generation, salt)?;
         if s.generation.load(Ordering::Acquire) != generation {
             return Ok(()); // the ring reused the slot meanwhile
         }
-        let vh = VolumeHeader { slot: slot as u32, generation, sequence, created_ms: 0, dir_id: self.dir_id };
+        let vh = VolumeHeader { slot: slot as u32, generation, sequence, salt, created_ms: 0, dir_id: self.dir_id };
         let bytes = hint::encode(&vh, len, &entries);
         io::write_atomic(&hint_path(&self.dir, slot), &bytes)?;
         self.counters.hints_written.fetch_add(1, Ordering::Relaxed);
@@ -405,22 +426,30 @@ impl Shared {
 
     fn maintenance(self: Arc<Self>, rx: mpsc::Receiver<Job>) {
         while let Ok(job) = rx.recv() {
-            match job {
-                Job::Hint { slot, generation, sequence, len } => {
-                    if let Err(e) = self.write_hint(slot, generation, sequence, len) {
-                        tracing::warn!(slot, error = %e, "could not write a hint file; recovery will scan the volume");
-                    }
+            // A bug in one job must not stop sweeps and hints for the life of the process.
+            let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_job(job)));
+            if done.is_err() {
+                tracing::error!("a maintenance job panicked; continuing with the next one");
+            }
+        }
+    }
+
+    fn run_job(&self, job: Job) {
+        match job {
+            Job::Hint { slot, generation, sequence, len } => {
+                if let Err(e) = self.write_hint(slot, generation, sequence, len) {
+                    tracing::warn!(slot, error = %e, "could not write a hint file; recovery will scan the volume");
                 }
-                Job::Sweep => {
-                    let removed = self.index.retain(|l| self.live_generation(l).is_some());
-                    self.counters.evicted_entries.fetch_add(removed, Ordering::Relaxed);
-                }
-                Job::Manifest { active } => {
-                    let mut m = self.manifest.lock();
-                    m.active_slot = active as u32;
-                    if let Err(e) = m.save(&self.dir) {
-                        tracing::warn!(error = %e, "could not update the manifest");
-                    }
+            }
+            Job::Sweep => {
+                let removed = self.index.retain(|l| self.live_generation(l).is_some());
+                self.counters.evicted_entries.fetch_add(removed, Ordering::Relaxed);
+            }
+            Job::Manifest { active } => {
+                let mut m = self.manifest.lock();
+                m.active_slot = active as u32;
+                if let Err(e) = m.save(&self.dir) {
+                    tracing::warn!(error = %e, "could not update the manifest");
                 }
             }
         }
@@ -486,31 +515,39 @@ impl Store {
         if lock.try_lock().is_err() {
             return Err(Error::new(ErrorKind::Locked, format!("{} is in use by another process", cfg.dir.display())));
         }
-        let (manifest, hints_trusted) =
-            match Manifest::load(&cfg.dir).map_err(|e| Error::io("reading the manifest", e))? {
-                Some(Some(m)) => {
-                    if m.volume_size != cfg.volume_size || m.volume_count != cfg.volume_count {
-                        tracing::warn!(
+        let loaded = Manifest::load(&cfg.dir).map_err(|e| Error::io("reading the manifest", e))?;
+        let (manifest, hints_trusted) = match loaded {
+            Some(Some(m)) => {
+                if m.volume_size != cfg.volume_size || m.volume_count != cfg.volume_count {
+                    tracing::warn!(
                         was_size = m.volume_size,
                         was_count = m.volume_count,
-                        "ring shape changed since the last run; existing volumes are kept until the ring reaches them"
+                        "ring shape changed since the last run; volumes that no longer fit are discarded"
                     );
-                    }
-                    (Manifest { volume_size: cfg.volume_size, volume_count: cfg.volume_count, ..m }, true)
                 }
-                found => {
-                    if found.is_some() {
-                        tracing::warn!("manifest is damaged; making a new one and scanning every volume");
-                    }
-                    let m = Manifest::fresh(cfg.volume_size, cfg.volume_count)
-                        .map_err(|e| Error::io("generating a directory id", e))?;
-                    (m, false)
+                (Manifest { volume_size: cfg.volume_size, volume_count: cfg.volume_count, ..m }, true)
+            }
+            found => {
+                if found.is_some() {
+                    tracing::warn!("manifest is damaged; making a new one and scanning every volume");
                 }
-            };
+                let mut m = Manifest::fresh(cfg.volume_size, cfg.volume_count)
+                    .map_err(|e| Error::io("generating a directory id", e))?;
+                // Keep the volumes' identity; hints hold hashes of a seed that is gone.
+                if let Some(id) = recovery::newest_dir_id(&cfg.dir) {
+                    m.dir_id = id;
+                }
+                recovery::remove_hints(&cfg.dir).map_err(|e| Error::io("removing stale hint files", e))?;
+                (m, false)
+            }
+        };
+        // Saved before any volume is created, so that no volume exists without its manifest.
+        manifest.save(&cfg.dir).map_err(|e| Error::io("writing the manifest", e))?;
         let slots = (0..cfg.volume_count)
             .map(|_| SlotState {
                 file: OnceLock::new(),
                 generation: AtomicU32::new(0),
+                salt: AtomicU32::new(0),
                 sequence: AtomicU64::new(0),
                 len: AtomicU64::new(0),
             })
@@ -641,10 +678,11 @@ impl Store {
         let (Some(generation), Some(file)) = (sh.live_generation(loc), slot.file.get()) else {
             return Ok(None);
         };
+        let salt = slot.salt.load(Ordering::Acquire);
         let mut buf = vec![0u8; record::size_class_bytes(loc.class) as usize];
         let n = io::read_at_most(file, &mut buf, loc.offset).map_err(|e| Error::io("reading a record", e))?;
         buf.truncate(n);
-        let (header, range) = match record::decode(&buf) {
+        let (header, range) = match record::decode(&buf, salt) {
             Ok(r) => (r.header, r.value_range),
             Err(err) => {
                 // A slot reused under our feet explains any garbage; otherwise it is damage.

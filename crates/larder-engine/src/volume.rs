@@ -22,6 +22,8 @@ pub struct VolumeHeader {
     pub generation: u32,
     /// Store-wide activation counter: higher is newer.
     pub sequence: u64,
+    /// Random checksum salt of this generation's records.
+    pub salt: u32,
     /// When this generation of the slot was started, ms since the Unix epoch.
     pub created_ms: u64,
     /// The data directory's id (from the manifest), so a volume copied from elsewhere is noticed.
@@ -36,6 +38,7 @@ impl VolumeHeader {
         b[8..12].copy_from_slice(&VOLUME_VERSION.to_le_bytes());
         b[12..16].copy_from_slice(&self.slot.to_le_bytes());
         b[16..20].copy_from_slice(&self.generation.to_le_bytes());
+        b[20..24].copy_from_slice(&self.salt.to_le_bytes());
         b[24..32].copy_from_slice(&self.sequence.to_le_bytes());
         b[32..40].copy_from_slice(&self.created_ms.to_le_bytes());
         b[40..56].copy_from_slice(&self.dir_id);
@@ -58,6 +61,7 @@ impl VolumeHeader {
             slot: u32_at(12),
             generation: u32_at(16),
             sequence: u64_at(24),
+            salt: u32_at(20),
             created_ms: u64_at(32),
             dir_id: b[40..56].try_into().unwrap(),
         })
@@ -87,7 +91,7 @@ mod tests {
 
     #[test]
     fn header_round_trips_and_rejects_damage() {
-        let h = VolumeHeader { slot: 3, generation: 9, sequence: 77, created_ms: 5, dir_id: [7; 16] };
+        let h = VolumeHeader { slot: 3, generation: 9, sequence: 77, salt: 3, created_ms: 5, dir_id: [7; 16] };
         let b = h.encode();
         assert_eq!(VolumeHeader::decode(&b), Some(h));
         for i in 0..64 {

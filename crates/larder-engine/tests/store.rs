@@ -139,3 +139,74 @@ fn invalid_keys_and_oversize_values_are_errors_not_writes() {
     assert_eq!(store.stats().keys, 0);
     assert_eq!(store.stats().bytes_used, 64, "only the volume header was written");
 }
+
+#[test]
+fn a_lost_manifest_costs_nothing_even_over_two_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 128 << 10, 16);
+    {
+        let store = Store::open(cfg.clone()).unwrap();
+        fill(&store, 300);
+    }
+    std::fs::remove_file(dir.path().join("MANIFEST")).unwrap();
+    {
+        let store = Store::open(cfg.clone()).unwrap();
+        check(&store, 300);
+        // Writes made under the replacement manifest must survive the next restart too.
+        store.put(b"after", b"manifest loss").unwrap();
+    }
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(store.stats().recovery.discarded, 0);
+    check(&store, 300);
+    assert_eq!(store.get(b"after").unwrap().unwrap().data.as_ref(), b"manifest loss");
+}
+
+/// Discarding a volume that is not the oldest would let older values of its keys come back;
+/// recovery discards every older volume with it.
+#[test]
+fn a_discarded_volume_takes_the_older_ones_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = vec![9u8; 40 << 10];
+    let cfg = config(dir.path(), 64 << 10, 8);
+    {
+        let store = Store::open(cfg.clone()).unwrap();
+        store.put(b"k", b"v1").unwrap(); // slot 0
+        for i in 0..6 {
+            store.put(format!("fill{i}").as_bytes(), &big).unwrap(); // slots 0, 1, …, 5
+        }
+        assert_eq!(store.stats().active_volume, 5);
+        store.put(b"k", b"v2").unwrap(); // slot 5
+        store.put(b"gone", b"x").unwrap();
+        store.delete(b"gone").unwrap(); // tombstone in slot 5
+        store.put(b"newest", b"n").unwrap();
+    }
+    // Fewer slots: slot 5 (holding v2 and the tombstone) leaves the ring.
+    let store = Store::open(config(dir.path(), 64 << 10, 4)).unwrap();
+    assert!(store.get(b"k").unwrap().is_none(), "v1 came back after its overwrite was discarded");
+    assert!(store.get(b"gone").unwrap().is_none());
+    assert!(store.stats().recovery.discarded >= 4);
+    assert!(store.stats().volumes <= 4);
+    drop(store);
+
+    // A damaged header in the middle of the ring: older volumes go, newer ones stay.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 64 << 10, 8);
+    {
+        let store = Store::open(cfg.clone()).unwrap();
+        store.put(b"k", b"v1").unwrap(); // slot 0
+        store.put(b"fill0", &big).unwrap();
+        store.put(b"fill1", &big).unwrap(); // slot 1
+        store.put(b"k", b"v2").unwrap(); // slot 1
+        store.put(b"fill2", &big).unwrap(); // slot 2
+        store.put(b"later", b"kept").unwrap(); // slot 2
+        assert_eq!(store.stats().active_volume, 2);
+    }
+    let vol1 = dir.path().join("vol-00001.lrv");
+    let mut bytes = std::fs::read(&vol1).unwrap();
+    bytes[30] ^= 0xff; // inside the volume header
+    std::fs::write(&vol1, bytes).unwrap();
+    let store = Store::open(cfg).unwrap();
+    assert!(store.get(b"k").unwrap().is_none(), "v1 came back after its overwrite was discarded");
+    assert_eq!(store.get(b"later").unwrap().unwrap().data.as_ref(), b"kept");
+    assert_eq!(store.stats().recovery.discarded, 2);
+}

@@ -150,6 +150,7 @@ fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
                 "hints_written": s.hints_written,
                 "recovery": {
                     "volumes": s.recovery.volumes,
+                    "discarded": s.recovery.discarded,
                     "hint_loads": s.recovery.hint_loads,
                     "scans": s.recovery.scans,
                     "records": s.recovery.records,
