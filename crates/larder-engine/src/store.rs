@@ -626,6 +626,32 @@ impl Store {
     ///
     /// Returns once the record is written (and, with `FsyncPolicy::Always`, durable).
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<Position> {
+        Ok(self.put_inner(key, value, true)?.expect("a put that may wait completes"))
+    }
+
+    /// Like [`Store::put`], but answers `Ok(None)`, having written nothing, where `put` would
+    /// wait: for the writer lock, for a ring rotation (which truncates a volume) or for an
+    /// fdatasync (`FsyncPolicy::Always`). An async caller runs the quick common case inline
+    /// and moves only the rest to a blocking thread.
+    pub fn try_put(&self, key: &[u8], value: &[u8]) -> Result<Option<Position>> {
+        self.put_inner(key, value, false)
+    }
+
+    /// The writer lock, unless `wait` is false and taking it (or appending `need` bytes) could
+    /// block: the lock is held, a rotation is due, or the policy syncs every write.
+    fn writer(&self, wait: bool, need: u64) -> Option<parking_lot::MutexGuard<'_, Writer>> {
+        let sh = &*self.shared;
+        if wait {
+            return Some(sh.writer.lock());
+        }
+        if sh.cfg.fsync == FsyncPolicy::Always {
+            return None;
+        }
+        let w = sh.writer.try_lock()?;
+        (w.offset + need <= sh.cfg.volume_size).then_some(w)
+    }
+
+    fn put_inner(&self, key: &[u8], value: &[u8], wait: bool) -> Result<Option<Position>> {
         check_key(key)?;
         let sh = &*self.shared;
         if value.len() as u64 > sh.cfg.max_value_size {
@@ -645,7 +671,7 @@ impl Store {
         let hash = sh.hash(key);
         let header = new_header(0);
         let (pos, seq) = {
-            let mut w = sh.writer.lock();
+            let Some(mut w) = self.writer(wait, record_len) else { return Ok(None) };
             let (pos, loc) = sh.append(&mut w, header, key, value, value_crc)?;
             // A colliding key loses its entry here: it becomes a miss, never a wrong value.
             sh.index.insert(hash, loc);
@@ -655,7 +681,7 @@ impl Store {
             sh.wait_durable(seq)?;
         }
         sh.counters.puts.fetch_add(1, Ordering::Relaxed);
-        Ok(pos)
+        Ok(Some(pos))
     }
 
     /// Reads the value of `key`; `Ok(None)` when absent, expired, evicted or unreadable.
@@ -713,14 +739,25 @@ impl Store {
 
     /// Deletes `key`; returns whether it was present.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
+        Ok(self.delete_inner(key, true)?.expect("a delete that may wait completes"))
+    }
+
+    /// Like [`Store::delete`], but answers `Ok(None)`, having done nothing, where `delete`
+    /// would wait (see [`Store::try_put`]).
+    pub fn try_delete(&self, key: &[u8]) -> Result<Option<bool>> {
+        self.delete_inner(key, false)
+    }
+
+    fn delete_inner(&self, key: &[u8], wait: bool) -> Result<Option<bool>> {
         check_key(key)?;
         let sh = &*self.shared;
         let hash = sh.hash(key);
         let seq = {
-            let mut w = sh.writer.lock();
-            let Some(loc) = sh.index.get(hash) else { return Ok(false) };
+            let need = record::padded((HEADER_LEN + key.len()) as u64);
+            let Some(mut w) = self.writer(wait, need) else { return Ok(None) };
+            let Some(loc) = sh.index.get(hash) else { return Ok(Some(false)) };
             if !sh.key_at(loc, key) {
-                return Ok(false);
+                return Ok(Some(false));
             }
             sh.append(&mut w, new_header(FLAG_TOMBSTONE), key, b"", crc32c::crc32c(b""))?;
             sh.index.remove_if_eq(hash, loc);
@@ -730,7 +767,7 @@ impl Store {
             sh.wait_durable(seq)?;
         }
         sh.counters.deletes.fetch_add(1, Ordering::Relaxed);
-        Ok(true)
+        Ok(Some(true))
     }
 
     /// Makes everything written so far durable.

@@ -7,7 +7,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use larder_engine::{ErrorKind, FsyncPolicy, Store};
+use larder_engine::{ErrorKind, Store};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -39,13 +39,22 @@ fn text_owned(status: StatusCode, msg: String) -> Resp {
     r
 }
 
+/// Whether a request reads or writes: an I/O failure on a read means the data is
+/// unavailable (503, DESIGN §2), on a write that the write failed (500).
+#[derive(Clone, Copy)]
+enum Op {
+    Read,
+    Write,
+}
+
 /// The one table from engine errors to HTTP statuses.
-fn engine_error(e: &larder_engine::Error) -> Resp {
-    let status = match e.kind() {
-        ErrorKind::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
-        ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        ErrorKind::InvalidKey => StatusCode::BAD_REQUEST,
-        ErrorKind::Io | ErrorKind::Corrupt | ErrorKind::Locked => StatusCode::INTERNAL_SERVER_ERROR,
+fn engine_error(e: &larder_engine::Error, op: Op) -> Resp {
+    let status = match (e.kind(), op) {
+        (ErrorKind::NoSpace, _) => StatusCode::INSUFFICIENT_STORAGE,
+        (ErrorKind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
+        (ErrorKind::InvalidKey, _) => StatusCode::BAD_REQUEST,
+        (ErrorKind::Io | ErrorKind::Corrupt, Op::Read) => StatusCode::SERVICE_UNAVAILABLE,
+        (ErrorKind::Io | ErrorKind::Corrupt | ErrorKind::Locked, _) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     if status.is_server_error() {
         tracing::error!(error = %e, "request failed");
@@ -95,6 +104,9 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Resp {
     if key.starts_with(RESERVED_PREFIX) {
         return admin(app, req.method(), &key[RESERVED_PREFIX.len()..]);
     }
+    if !matches!(*req.method(), Method::GET | Method::HEAD | Method::PUT | Method::DELETE) {
+        return method_not_allowed(ALLOWED);
+    }
     let Some(store) = app.store.get() else {
         return text(StatusCode::SERVICE_UNAVAILABLE, "recovering; try again shortly\n");
     };
@@ -105,14 +117,13 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Resp {
             let key = key.into_owned();
             put(app, req, key).await
         }
-        Method::DELETE => delete(app, key.into_owned()).await,
-        _ => method_not_allowed(),
+        _ => delete(app, key.into_owned()).await,
     }
 }
 
-fn method_not_allowed() -> Resp {
+fn method_not_allowed(allowed: &'static str) -> Resp {
     let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
-    r.headers_mut().insert(ALLOW, HeaderValue::from_static(ALLOWED));
+    r.headers_mut().insert(ALLOW, HeaderValue::from_static(allowed));
     r
 }
 
@@ -120,7 +131,7 @@ fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
     match *method {
         Method::GET | Method::HEAD => {}
         Method::PUT | Method::DELETE => return text(StatusCode::BAD_REQUEST, "keys under _larder/ are reserved\n"),
-        _ => return method_not_allowed(),
+        _ => return method_not_allowed("GET, HEAD"),
     }
     match what {
         b"health" => match app.store.get() {
@@ -182,7 +193,7 @@ fn get(store: &Store, key: &[u8], head: bool) -> Resp {
             r
         }
         Ok(None) => text(StatusCode::NOT_FOUND, "not found\n"),
-        Err(e) => engine_error(&e),
+        Err(e) => engine_error(&e, Op::Read),
     }
 }
 
@@ -223,6 +234,19 @@ fn too_large(limit: u64) -> Resp {
     text_owned(StatusCode::PAYLOAD_TOO_LARGE, format!("value larger than the limit of {limit} bytes\n"))
 }
 
+/// Runs a write that has to wait (for the writer lock, a ring rotation truncating a volume,
+/// or a group-commit fdatasync) on the blocking pool, so that it never stalls the async
+/// workers serving GETs. The common case runs inline through `try_put`/`try_delete`.
+async fn blocking<T: Send + 'static>(
+    app: &Arc<App>,
+    f: impl FnOnce(&Store) -> larder_engine::Result<T> + Send + 'static,
+) -> larder_engine::Result<T> {
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || f(app.store.get().expect("store is ready before writes are routed")))
+        .await
+        .expect("store call panicked")
+}
+
 async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
     let limit = app.settings.max_value_size;
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
@@ -234,14 +258,11 @@ async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
         Err(BodyError::TooLarge) => return too_large(limit),
         Err(BodyError::Broken(e)) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
     };
-    let result = if app.settings.fsync == FsyncPolicy::Always {
-        // The group-commit wait blocks: keep it off the async workers.
-        let app = app.clone();
-        tokio::task::spawn_blocking(move || app.store.get().expect("ready").put(&key, &body))
-            .await
-            .expect("put task panicked")
-    } else {
-        app.store.get().expect("ready").put(&key, &body)
+    let store = app.store.get().expect("store is ready before writes are routed");
+    let result = match store.try_put(&key, &body) {
+        Ok(Some(pos)) => Ok(pos),
+        Ok(None) => blocking(app, move |store| store.put(&key, &body)).await,
+        Err(e) => Err(e),
     };
     match result {
         Ok(pos) => {
@@ -249,22 +270,20 @@ async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
             r.headers_mut().insert(X_POSITION.clone(), position_value(pos));
             r
         }
-        Err(e) => engine_error(&e),
+        Err(e) => engine_error(&e, Op::Write),
     }
 }
 
 async fn delete(app: &Arc<App>, key: Vec<u8>) -> Resp {
-    let result = if app.settings.fsync == FsyncPolicy::Always {
-        let app = app.clone();
-        tokio::task::spawn_blocking(move || app.store.get().expect("ready").delete(&key))
-            .await
-            .expect("delete task panicked")
-    } else {
-        app.store.get().expect("ready").delete(&key)
+    let store = app.store.get().expect("store is ready before writes are routed");
+    let result = match store.try_delete(&key) {
+        Ok(Some(found)) => Ok(found),
+        Ok(None) => blocking(app, move |store| store.delete(&key)).await,
+        Err(e) => Err(e),
     };
     match result {
         Ok(true) => text(StatusCode::OK, "deleted\n"),
         Ok(false) => text(StatusCode::NOT_FOUND, "not found\n"),
-        Err(e) => engine_error(&e),
+        Err(e) => engine_error(&e, Op::Write),
     }
 }

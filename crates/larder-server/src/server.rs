@@ -2,6 +2,8 @@
 
 use crate::config::Settings;
 use crate::http::{handle, App};
+use bytes::Bytes;
+use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -16,13 +18,47 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 
-/// What a connection's watchdog needs to know: bytes moved and requests begun and answered.
+/// What a connection's watchdog needs to know: bytes moved, requests begun and answered.
 #[derive(Default)]
 struct Activity {
     read: AtomicU64,
     written: AtomicU64,
     started: AtomicU64,
+    /// Responses whose body hyper has finished with (written or abandoned).
     answered: AtomicU64,
+    /// `read` when the last response was finished: bytes beyond it belong to the next request.
+    read_at_answer: AtomicU64,
+}
+
+/// A response body that tells the watchdog when hyper is done with it.
+struct AnswerBody {
+    inner: Full<Bytes>,
+    activity: Arc<Activity>,
+}
+
+impl hyper::body::Body for AnswerBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for AnswerBody {
+    fn drop(&mut self) {
+        let a = &self.activity;
+        a.read_at_answer.store(a.read.load(Ordering::Relaxed), Ordering::Relaxed);
+        a.answered.fetch_add(1, Ordering::Release);
+    }
 }
 
 /// A TCP stream that counts the bytes it moves, so a watchdog can enforce timeouts.
@@ -85,24 +121,27 @@ fn raise_fd_limit() {
     }
 }
 
-/// Timeouts, checked on a coarse tick: `idle` closes a connection that moved no byte for that
-/// long; `header` closes one whose next request started arriving but whose headers were not
-/// complete within that time (slow-loris). hyper's own header timeout is not used because it
-/// also runs while a keep-alive connection is idle, which would cut idle connections short.
+/// Timeouts, checked on a coarse tick (zero turns one off): `idle` closes a connection that
+/// moved no byte for that long; `header` closes one whose next request head started arriving
+/// but was not complete within that time (slow-loris). hyper's own header timeout is not used
+/// because it also runs while a keep-alive connection is idle, cutting idle connections short.
 struct Watchdog {
     idle: Duration,
     header: Duration,
     moved: u64,
     quiet_since: Instant,
-    answered: u64,
-    read_at_answer: u64,
     head_since: Option<Instant>,
 }
 
 impl Watchdog {
     fn new(idle: Duration, header: Duration) -> Watchdog {
-        let now = Instant::now();
-        Watchdog { idle, header, moved: 0, quiet_since: now, answered: 0, read_at_answer: 0, head_since: None }
+        Watchdog { idle, header, moved: 0, quiet_since: Instant::now(), head_since: None }
+    }
+
+    /// How often `expired` should be asked.
+    fn period(&self) -> Duration {
+        let shortest = [self.idle, self.header].into_iter().filter(|d| !d.is_zero()).min();
+        shortest.map_or(Duration::from_secs(5), |d| (d / 4).clamp(Duration::from_millis(100), Duration::from_secs(5)))
     }
 
     /// Whether the connection should be closed now.
@@ -112,20 +151,17 @@ impl Watchdog {
         let moved = read + a.written.load(Ordering::Relaxed);
         if moved != self.moved {
             (self.moved, self.quiet_since) = (moved, now);
-        } else if now.duration_since(self.quiet_since) >= self.idle {
+        } else if !self.idle.is_zero() && now.duration_since(self.quiet_since) >= self.idle {
             return true;
         }
-        let (started, answered) = (a.started.load(Ordering::Relaxed), a.answered.load(Ordering::Relaxed));
-        if started != answered {
-            self.head_since = None; // inside a request: the body and the handler are not timed here
+        let answered = a.answered.load(Ordering::Acquire);
+        let in_request = a.started.load(Ordering::Relaxed) != answered;
+        if in_request || read == a.read_at_answer.load(Ordering::Relaxed) {
+            self.head_since = None; // inside a request, or nothing of the next one yet
             return false;
         }
-        if answered != self.answered {
-            (self.answered, self.read_at_answer, self.head_since) = (answered, read, None);
-        } else if read != self.read_at_answer && self.head_since.is_none() {
-            self.head_since = Some(now); // bytes of the next request's head have arrived
-        }
-        self.head_since.is_some_and(|t| now.duration_since(t) >= self.header)
+        let since = *self.head_since.get_or_insert(now);
+        !self.header.is_zero() && now.duration_since(since) >= self.header
     }
 }
 
@@ -135,34 +171,34 @@ async fn serve_connection(app: Arc<App>, stream: TcpStream, mut shutdown: watch:
     let io = TokioIo::new(Tracked { inner: stream, activity: activity.clone() });
     let s = &app.settings;
     let mut watchdog = Watchdog::new(s.idle_timeout, s.header_timeout);
-    let period = (s.idle_timeout.min(s.header_timeout) / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
-    let max_buf = (s.max_header_size as usize).max(8192);
+    let max_header = (s.max_header_size as usize).max(64);
     let seen = activity.clone();
     let service = service_fn(move |req| {
         seen.started.fetch_add(1, Ordering::Relaxed);
         let (app, seen) = (app.clone(), seen.clone());
         async move {
-            let r = handle(app, req).await;
-            seen.answered.fetch_add(1, Ordering::Relaxed);
-            r
+            let resp = handle(app, req).await?;
+            Ok::<_, std::convert::Infallible>(resp.map(|inner| AnswerBody { inner, activity: seen }))
         }
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(None)
-        .max_buf_size(max_buf)
+        .max_header_size(max_header)
         .keep_alive(true)
         .serve_connection(io, service);
     tokio::pin!(conn);
-    let mut tick = tokio::time::interval(period);
+    let mut tick = tokio::time::interval(watchdog.period());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut draining = false;
     loop {
         tokio::select! {
             _ = conn.as_mut() => return,
-            _ = shutdown.changed() => {
+            _ = shutdown.changed(), if !draining => {
+                // Finish the request in flight, then close; the watchdog keeps running so a
+                // stalled client cannot hold the shutdown up past its timeouts.
+                draining = true;
                 conn.as_mut().graceful_shutdown();
-                let _ = conn.as_mut().await;
-                return;
             }
             _ = tick.tick() => {
                 if watchdog.expired(&activity) {
@@ -173,17 +209,24 @@ async fn serve_connection(app: Arc<App>, stream: TcpStream, mut shutdown: watch:
     }
 }
 
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, so call it
+/// before anything that a signal should not interrupt.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("installing a SIGTERM handler: {e}"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("installing a SIGINT handler: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
 
 /// Runs the server until SIGTERM or SIGINT; returns after data is durable.
 pub async fn run(settings: Settings) -> Result<(), String> {
     raise_fd_limit();
+    let signal = shutdown_signal()?;
     let addr = settings.listen;
     let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.map_err(|e| e.to_string())?;
     socket.set_reuseaddr(true).map_err(|e| e.to_string())?;
@@ -214,7 +257,6 @@ pub async fn run(settings: Settings) -> Result<(), String> {
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
-    let signal = shutdown_signal();
     tokio::pin!(signal);
     let mut waiting_ready = true;
     loop {

@@ -35,11 +35,15 @@ fn statuses_for_bad_requests_carry_a_message() {
         assert_eq!(r.status, 400, "{m} /");
         assert_eq!(r.body, b"empty key\n");
     }
-    assert_eq!(c.get("/bad%zzkey").status, 400);
+    let r = c.get("/bad%zzkey");
+    assert_eq!((r.status, r.body.as_slice()), (400, &b"badly percent-encoded key\n"[..]));
     assert_eq!(c.put(&format!("/{}", "k".repeat(1025)), b"v").status, 400);
     assert_eq!(c.put(&format!("/{}", "k".repeat(1024)), b"v").status, 200);
-    assert_eq!(c.put("/_larder/mine", b"v").status, 400);
+    let r = c.put("/_larder/mine", b"v");
+    assert_eq!((r.status, r.body.as_slice()), (400, &b"keys under _larder/ are reserved\n"[..]));
     assert_eq!(c.delete("/_larder/stats").status, 400);
+    let r = c.request("POST", "/_larder/stats", &[], b"");
+    assert_eq!((r.status, r.header("allow")), (405, Some("GET, HEAD")));
     // The query string is not part of the key.
     assert_eq!(c.put("/q?x=1", b"query").status, 200);
     assert_eq!(c.get("/q").body, b"query");
@@ -143,8 +147,18 @@ fn header_and_uri_limits() {
     let long_uri = format!("/{}", "u".repeat(9000));
     assert_eq!(c.get(&long_uri).status, 414);
     let mut c = s.client();
+    // A 15 KiB header block is within the 16 KiB default.
+    let fine = "h".repeat(15_000);
+    assert_eq!(c.request("PUT", "/hdr", &[("X-Big", &fine)], b"ok").status, 200);
     let big = "h".repeat(20_000);
     c.raw(format!("GET /x HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n").as_bytes()).unwrap();
+    assert_eq!(c.read_response(false).unwrap().status, 431);
+    // Both limits are configurable.
+    let s = Server::start(&["--max-header-size", "2KiB", "--max-uri-size", "100"]);
+    let mut c = s.client();
+    assert_eq!(c.get(&format!("/{}", "u".repeat(150))).status, 414);
+    assert_eq!(c.get(&format!("/{}", "u".repeat(90))).status, 404);
+    c.raw(format!("GET /x HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "h".repeat(3000)).as_bytes()).unwrap();
     assert_eq!(c.read_response(false).unwrap().status, 431);
 }
 

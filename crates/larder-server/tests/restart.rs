@@ -35,3 +35,23 @@ fn graceful_restart_keeps_everything() {
     assert!(after["recovery"]["hint_loads"].as_u64().unwrap() >= 1, "{after}");
     assert_eq!(after["recovery"]["truncated_bytes"], 0);
 }
+
+/// SIGTERM while a PUT is half sent: the server finishes that request (200), then exits 0,
+/// and the value is there after the restart.
+#[test]
+fn sigterm_finishes_the_request_in_flight() {
+    let mut s = Server::start(&[]);
+    let mut c = s.client();
+    let value = bytes(42, 200_000);
+    c.raw(format!("PUT /inflight HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", value.len()).as_bytes()).unwrap();
+    c.raw(&value[..100_000]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    s.signal_term();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    c.raw(&value[100_000..]).unwrap();
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.status, 200);
+    s.wait_exit_success();
+    s.restart();
+    assert_eq!(s.client().get("/inflight").body, value);
+}
