@@ -239,16 +239,6 @@ impl Index {
         self.len.fetch_sub(removed, Ordering::Relaxed);
         removed
     }
-
-    /// Calls `f` for every entry, shard by shard, under each shard's read lock.
-    pub fn for_each(&self, mut f: impl FnMut(u64, Loc)) {
-        for shard in self.shards.iter() {
-            let t = shard.read();
-            for s in t.slots.iter().filter(|s| s.hash != 0) {
-                f(s.hash, Loc::unpack(s.loc));
-            }
-        }
-    }
 }
 
 #[cfg(test)]
