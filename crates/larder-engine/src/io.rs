@@ -93,3 +93,13 @@ pub fn remove_if_exists(path: &Path) -> io::Result<()> {
         _ => Ok(()),
     }
 }
+
+/// Lowers the calling thread's CPU priority (Linux: nice is per thread), for background work
+/// such as building hint files that must not compete with requests.
+pub fn lower_thread_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority only reads its arguments; `who` 0 is the calling thread on Linux.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+    }
+}

@@ -425,6 +425,7 @@ impl Shared {
     }
 
     fn maintenance(self: Arc<Self>, rx: mpsc::Receiver<Job>) {
+        io::lower_thread_priority();
         while let Ok(job) = rx.recv() {
             // A bug in one job must not stop sweeps and hints for the life of the process.
             let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_job(job)));
