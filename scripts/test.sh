@@ -3,6 +3,8 @@
 # CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The benchmark smoke tests need nginx (Debian package); install what is missing.
+scripts/install-bench-deps.sh
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
 cargo test --workspace

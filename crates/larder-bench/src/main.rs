@@ -1,0 +1,44 @@
+//! larder-bench: measures larder, and its peers in the same run.
+//!
+//! - `http`: an HTTP/1.1 keep-alive load generator for any server.
+//! - `engine`: larder's engine in-process, optionally side by side with foyer's HybridCache.
+//! - `compare`: starts larder and nginx, runs the standard suite against both, alternating.
+
+mod compare;
+mod engine;
+mod foyer_kv;
+mod http;
+mod report;
+mod workload;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "larder-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load an HTTP server: PUT/GET keys <url><n> over keep-alive connections.
+    Http(http::HttpArgs),
+    /// Drive larder's engine in-process (no HTTP), optionally next to foyer's HybridCache.
+    Engine(engine::EngineArgs),
+    /// Start larder and nginx and run the standard suite against both, alternating.
+    Compare(compare::CompareArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Http(args) => http::run(args).map(|_| ()),
+        Command::Compare(args) => compare::run(args),
+        Command::Engine(args) => engine::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("larder-bench: {e:#}");
+        std::process::exit(1);
+    }
+}

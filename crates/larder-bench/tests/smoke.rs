@@ -1,0 +1,117 @@
+//! Smoke tests: each mode of larder-bench runs for a moment and reports. They assert that the
+//! instrument works end to end (and fails loudly when nginx is missing), not any speed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_larder-bench"))
+}
+
+/// The `larder` binary built alongside (cargo builds every binary of the workspace first).
+fn larder_bin() -> PathBuf {
+    let p = Path::new(env!("CARGO_BIN_EXE_larder-bench")).with_file_name("larder");
+    assert!(p.exists(), "{p:?} missing: build the workspace (cargo test --workspace does)");
+    p
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("run larder-bench");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "larder-bench failed:\n{text}");
+    text
+}
+
+#[test]
+fn http_mode_loads_a_server_and_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = 18_301;
+    let server = Command::new(larder_bin())
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _server = Killed(server);
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(30), "larder did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let url = format!("http://127.0.0.1:{port}/s");
+    let put = run_ok(bench().args(["http", &url, "--workload", "put", "--distribution", "sequential"]).args([
+        "--keys",
+        "2000",
+        "--requests",
+        "2000",
+        "--value-size",
+        "1KiB..8KiB",
+        "--connections",
+        "8",
+    ]));
+    assert!(put.contains("2000 requests") && put.contains("errors 0"), "{put}");
+    let json = dir.path().join("get.json");
+    let get = run_ok(
+        bench()
+            .args(["http", &url, "--keys", "2000", "--value-size", "1KiB..8KiB", "--check-length"])
+            .args(["--duration", "2s", "--distribution", "zipf:0.99", "--json"])
+            .arg(&json),
+    );
+    assert!(get.contains("req/s") && get.contains("p99.9"), "{get}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert!(v["requests"].as_u64().unwrap() > 100 && v["errors"] == 0, "{v}");
+    // Keys that were never written are 404s: the run must fail, not report success.
+    let out = bench().args(["http", &url, "--keys", "2000", "--start", "50000", "--duration", "1s"]).output().unwrap();
+    assert!(!out.status.success(), "a run of 404s passed");
+}
+
+#[test]
+fn engine_mode_compares_with_foyer() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_ok(
+        bench()
+            .args(["engine", "--compare", "foyer", "--bytes", "16MiB", "--duration", "1s", "--sizes", "4KiB,64KiB"])
+            .arg("--dir")
+            .arg(dir.path()),
+    );
+    for row in ["| larder | 4 KiB |", "| foyer | 4 KiB |", "| larder | 64 KiB |", "| foyer | 64 KiB |"] {
+        assert!(out.contains(row), "{row} missing in:\n{out}");
+    }
+}
+
+#[test]
+fn compare_runs_the_whole_suite_against_larder_and_nginx() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_base = dir.path().join("result");
+    let root = repo_root();
+    run_ok(
+        bench()
+            .args(["compare", "--duration", "500ms", "--rounds", "2", "--scale", "0.02"])
+            .arg("--larder")
+            .arg(larder_bin())
+            .arg("--nginx-conf")
+            .arg(root.join("bench/nginx.conf.in"))
+            .arg("--out")
+            .arg(&out_base),
+    );
+    let md = std::fs::read_to_string(out_base.with_extension("md")).unwrap();
+    for w in ["P4K", "G4K", "G4K-zipf", "P64K", "G64K", "P1M", "G1M", "MIX4K"] {
+        assert!(md.contains(&format!("| {w} |")), "{w} missing:\n{md}");
+    }
+    let runs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_base.with_extension("json")).unwrap()).unwrap();
+    assert_eq!(runs.as_array().unwrap().len(), 8 * 2 * 2);
+}
