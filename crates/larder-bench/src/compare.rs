@@ -414,6 +414,11 @@ fn run_in(a: &CompareArgs, dir: &Path, machine: &str) -> Result<(String, Vec<Run
                     summary.latency.p99_us as f64 / 1000.0,
                     cpu
                 );
+                if summary.errors > 0 {
+                    // Below the 0.1% that fails a run, but worth seeing: a preloaded key must
+                    // never answer anything but 200.
+                    eprintln!("     {} errors: {:?}", summary.errors, summary.failures);
+                }
                 runs.push(Run {
                     workload: spec.name.into(),
                     server: srv.name.into(),

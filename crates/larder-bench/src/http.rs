@@ -131,13 +131,13 @@ pub fn run(args: HttpArgs) -> Result<Summary> {
             let ctx = ctx.clone();
             std::thread::spawn(move || -> Tally {
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-                let local = tokio::task::LocalSet::new();
-                local.block_on(&rt, async move {
+                // Connections are runtime tasks, not LocalSet tasks: the scheduler then runs
+                // every ready connection before it polls epoll again (one epoll_wait for many
+                // responses, as wrk does), where a LocalSet polled it once per request.
+                rt.block_on(async move {
                     let conns: Vec<usize> = (0..ctx.args.connections).filter(|c| c % threads == t).collect();
-                    let tasks: Vec<_> = conns
-                        .into_iter()
-                        .map(|c| tokio::task::spawn_local(connection(ctx.clone(), c as u64)))
-                        .collect();
+                    let tasks: Vec<_> =
+                        conns.into_iter().map(|c| tokio::spawn(connection(ctx.clone(), c as u64))).collect();
                     let mut tally = Tally::default();
                     for task in tasks {
                         tally.merge(&task.await.expect("connection task"));
@@ -188,6 +188,12 @@ async fn connection(ctx: Arc<Ctx>, id: u64) -> Tally {
         if let Some(iv) = interval {
             next_at += iv;
             tokio::time::sleep_until(next_at).await;
+        } else {
+            // As wrk does: send the next request only after every response that is ready
+            // now has been read (tokio runs yielded tasks after its next poll of epoll).
+            // The requests then reach the server in bursts, as they would from many
+            // clients, instead of one per server wakeup.
+            tokio::task::yield_now().await;
         }
         let op = gen.next_op();
         let (key, body): (u64, &[u8]) = match op {
