@@ -179,6 +179,8 @@ fn start_servers(a: &CompareArgs, dir: &Path) -> Result<(Server, Server)> {
         .args(["serve", "--listen", &format!("127.0.0.1:{larder_port}"), "--data-dir"])
         .arg(dir.join("larder"))
         .args(["--volume-size", "1GiB", "--volume-count", "24"])
+        // Slow-request warnings would bury the progress lines; errors still show.
+        .args(["--log-level", "error"])
         .stdout(Stdio::null())
         .spawn()
         .with_context(|| format!("starting {:?} (build it with cargo build --release)", a.larder))?;
