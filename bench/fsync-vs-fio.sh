@@ -44,7 +44,7 @@ fio_run() { # name extra-args...
 larder_run() {
   rm -rf "$work/larder"
   taskset -c 1 target/release/larder serve --data-dir "$work/larder" --listen "127.0.0.1:$PORT" \
-    --fsync always --volume-size 1GiB --volume-count 4 >/dev/null &
+    --fsync always --volume-size 1GiB --volume-count 4 --log-level error >/dev/null &
   pid=$!
   until curl -s -o /dev/null "http://127.0.0.1:$PORT/_larder/health"; do sleep 0.1; done
   taskset -c 0 $BENCH http "http://127.0.0.1:$PORT/p" --workload put --distribution sequential \

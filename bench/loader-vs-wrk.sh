@@ -34,7 +34,7 @@ mkdir -p "$work/ngx/logs" "$work/ngx/tmp" "$work/ngx/root"
 sed "s#@DIR@#$work/ngx#g; s#@PORT@#$NGINX_PORT#g" bench/nginx.conf.in >"$work/ngx/nginx.conf"
 taskset -c 1 "$NGINX" -c "$work/ngx/nginx.conf" &
 pids+=($!)
-taskset -c 1 target/release/larder serve --data-dir "$work/larder" --listen "127.0.0.1:$LARDER_PORT" >/dev/null &
+taskset -c 1 target/release/larder serve --data-dir "$work/larder" --listen "127.0.0.1:$LARDER_PORT" --log-level error >/dev/null &
 pids+=($!)
 for port in $LARDER_PORT $NGINX_PORT; do
   for _ in $(seq 100); do
