@@ -163,6 +163,14 @@ fn pin_current_thread(core: usize) {
 }
 
 fn start_servers(a: &CompareArgs, dir: &Path) -> Result<(Server, Server)> {
+    if !a.nginx.exists() {
+        // Debian's nginx, as the peer configuration expects; the same script the tests use.
+        eprintln!("{:?} is missing: running scripts/install-bench-deps.sh", a.nginx);
+        let ok = Command::new("scripts/install-bench-deps.sh").status().is_ok_and(|s| s.success());
+        if !ok || !a.nginx.exists() {
+            bail!("no nginx at {:?}: install Debian's nginx-light (scripts/install-bench-deps.sh)", a.nginx);
+        }
+    }
     let core = a.server_core.to_string();
     let larder_port = 18_234;
     let nginx_port = 18_080;

@@ -11,7 +11,7 @@
 
 use crate::http::parse_duration;
 use crate::report::{Summary, Tally};
-use crate::workload::{value_pool, Dist, Generator, Op, Size, Workload};
+use crate::workload::{parse_bytes, value_pool, Dist, Generator, Op, Size, Workload};
 use anyhow::{Context, Result};
 use clap::Args;
 use larder_engine::{FsyncPolicy, Store, StoreConfig};
@@ -19,21 +19,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("invalid size {s:?}"))?;
-    let mult = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kib" | "k" => 1 << 10,
-        "mib" | "m" => 1 << 20,
-        "gib" | "g" => 1 << 30,
-        _ => return Err(format!("invalid size unit in {s:?}: use B, KiB, MiB or GiB")),
-    };
-    Ok(n * mult)
-}
 
 /// The peer to compare with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -52,20 +52,27 @@ pub struct Size {
     pub max: usize,
 }
 
-fn parse_one_size(s: &str) -> Result<usize, String> {
+/// Parses a byte count: a bare number, or `KiB`/`MiB`/`GiB` (also `k`/`m`/`g`) and `KB`/`MB`/`GB`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (n, unit) = t.split_at(split);
-    let n: usize = n.parse().map_err(|_| format!("invalid size {s:?}"))?;
-    let mult = match unit.to_ascii_lowercase().as_str() {
+    let n: u64 = n.parse().map_err(|_| format!("invalid size {s:?}"))?;
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
         "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
         "kb" => 1000,
         "mb" => 1_000_000,
-        _ => return Err(format!("invalid size unit in {s:?}: use B, KiB, MiB, KB or MB")),
+        "gb" => 1_000_000_000,
+        _ => return Err(format!("invalid size unit in {s:?}: use B, KiB, MiB, GiB, KB, MB or GB")),
     };
-    Ok(n * mult)
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+fn parse_one_size(s: &str) -> Result<usize, String> {
+    parse_bytes(s).map(|n| n as usize)
 }
 
 fn parse_size(s: &str) -> Result<Size, String> {
@@ -208,6 +215,9 @@ mod tests {
         assert_eq!(parse_size("64KiB").unwrap(), Size { min: 65536, max: 65536 });
         assert_eq!(parse_size("1k..2k").unwrap(), Size { min: 1024, max: 2048 });
         assert!(parse_size("2k..1k").is_err());
+        assert_eq!(parse_bytes("4GiB").unwrap(), 4 << 30);
+        assert_eq!(parse_bytes("2GB").unwrap(), 2_000_000_000);
+        assert!(parse_bytes("3 parsecs").is_err());
         assert_eq!(parse_dist("zipf:0.99").unwrap(), Dist::Zipf(0.99));
         assert!(parse_dist("zipf:x").is_err());
         assert!(parse_dist("normal").is_err());
