@@ -2,12 +2,14 @@
 //!
 //! - `http`: an HTTP/1.1 keep-alive load generator for any server.
 //! - `engine`: larder's engine in-process, optionally side by side with foyer's HybridCache.
+//! - `memory`: the in-memory cache crates considered for the memory tier, side by side.
 //! - `compare`: starts larder and nginx, runs the standard suite against both, alternating.
 
 mod compare;
 mod engine;
 mod foyer_kv;
 mod http;
+mod memory;
 mod report;
 mod workload;
 
@@ -26,6 +28,8 @@ enum Command {
     Http(http::HttpArgs),
     /// Drive larder's engine in-process (no HTTP), optionally next to foyer's HybridCache.
     Engine(engine::EngineArgs),
+    /// Hit ratio and throughput of the in-memory cache crates larder could use.
+    Memory(memory::MemoryArgs),
     /// Start larder and nginx and run the standard suite against both, alternating.
     Compare(compare::CompareArgs),
 }
@@ -36,6 +40,7 @@ fn main() {
         Command::Http(args) => http::run(args).map(|_| ()),
         Command::Compare(args) => compare::run(args),
         Command::Engine(args) => engine::run(args),
+        Command::Memory(args) => memory::run(args),
     };
     if let Err(e) = result {
         eprintln!("larder-bench: {e:#}");

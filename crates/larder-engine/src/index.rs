@@ -3,10 +3,12 @@
 //! Invariants and choices:
 //! - The index stores hashes, not keys. It may answer for a key that merely shares the hash of
 //!   a stored one; callers must compare the key stored in the record (a mismatch is a miss).
-//! - A location is one `u64`: offset in 8-byte units (32 bits), volume slot (14), the low 8
+//! - A location is one `u64`: offset in 8-byte units (32 bits), volume slot (14), the low 7
 //!   bits of the slot's generation (stale entries fail that cheap check after the ring reuses
-//!   the slot), a 9-bit size class (enough to read the record in one positional read), and one
-//!   spare bit reserved for hot-item tracking.
+//!   the slot; the record's own header settles the rest), a 9-bit size class (enough to read
+//!   the record in one positional read), and a 2-bit saturating count of disk reads since the
+//!   record was written, which decides whether the ring reinserts it before evicting it.
+//!   Comparisons of locations ignore that count.
 //! - 4096 shards, each an open-addressing table with linear probing, backward-shift deletion
 //!   (no tombstones) and a non-power-of-two capacity grown by 1.5x at 80% load. Growing one
 //!   small shard at a time keeps resize pauses short, and the 1.5x step keeps the load between
@@ -33,26 +35,45 @@ pub const MAX_VOLUME_SIZE: u64 = (u32::MAX as u64 + 1) * crate::record::ALIGN;
 pub struct Loc {
     /// Volume slot.
     pub slot: u16,
-    /// Low 8 bits of the slot's generation when the record was written.
+    /// Low 7 bits of the slot's generation when the record was written.
     pub tag: u8,
     /// Byte offset of the record in the volume (a multiple of 8).
     pub offset: u64,
     /// Size class of the record length (see `record::size_class`).
     pub class: u16,
+    /// Disk reads since the record was written, saturating at [`MAX_HITS`].
+    pub hits: u8,
 }
+
+/// Bits of the generation a location keeps.
+pub const TAG_MASK: u32 = 0x7F;
+/// Largest read count a location holds.
+pub const MAX_HITS: u8 = 3;
+const HITS_SHIFT: u32 = 62;
+const PLACE_MASK: u64 = (1 << HITS_SHIFT) - 1;
 
 impl Loc {
     fn pack(self) -> u64 {
         debug_assert!((self.slot as usize) < MAX_SLOTS && self.class < 512 && self.offset.is_multiple_of(8));
-        (self.offset / 8) | (self.slot as u64) << 32 | (self.tag as u64) << 46 | (self.class as u64) << 54
+        debug_assert!(self.tag as u32 <= TAG_MASK && self.hits <= MAX_HITS);
+        (self.offset / 8)
+            | (self.slot as u64) << 32
+            | (self.tag as u64) << 46
+            | (self.class as u64) << 53
+            | (self.hits as u64) << HITS_SHIFT
     }
     fn unpack(v: u64) -> Loc {
         Loc {
             offset: (v & 0xFFFF_FFFF) * 8,
             slot: ((v >> 32) & 0x3FFF) as u16,
-            tag: ((v >> 46) & 0xFF) as u8,
-            class: ((v >> 54) & 0x1FF) as u16,
+            tag: ((v >> 46) & 0x7F) as u8,
+            class: ((v >> 53) & 0x1FF) as u16,
+            hits: (v >> HITS_SHIFT) as u8,
         }
+    }
+    /// Whether both name the same record (read counts aside).
+    pub fn same_place(self, other: Loc) -> bool {
+        self.pack() & PLACE_MASK == other.pack() & PLACE_MASK
     }
 }
 
@@ -204,17 +225,58 @@ impl Index {
         old.map(Loc::unpack)
     }
 
-    /// Removes the entry for `hash` only if it still equals `expected`; returns whether it did.
+    /// Removes the entry for `hash` only if it still names the record at `expected`; returns
+    /// whether it did.
     pub fn remove_if_eq(&self, hash: u64, expected: Loc) -> bool {
         let hash = Self::norm(hash);
         let mut t = self.shard(hash).write();
         match t.find(hash) {
-            Some(i) if t.slots[i].loc == expected.pack() => {
+            Some(i) if t.slots[i].loc & PLACE_MASK == expected.pack() & PLACE_MASK => {
                 t.remove_at(i);
                 self.len.fetch_sub(1, Ordering::Relaxed);
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Replaces the entry for `hash` with `new` only if it still names the record at
+    /// `expected`; returns whether it did.
+    pub fn replace_if_eq(&self, hash: u64, expected: Loc, new: Loc) -> bool {
+        let hash = Self::norm(hash);
+        let mut t = self.shard(hash).write();
+        match t.find(hash) {
+            Some(i) if t.slots[i].loc & PLACE_MASK == expected.pack() & PLACE_MASK => {
+                t.slots[i].loc = new.pack();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Counts one disk read of the record at `at`, saturating at `cap` (at most [`MAX_HITS`]).
+    /// `at.hits` is the count the caller saw; at or past `cap` nothing is locked.
+    pub fn count_read(&self, hash: u64, at: Loc, cap: u8) {
+        if at.hits >= cap.min(MAX_HITS) {
+            return;
+        }
+        let hash = Self::norm(hash);
+        let mut t = self.shard(hash).write();
+        if let Some(i) = t.find(hash) {
+            let cur = t.slots[i].loc;
+            if cur & PLACE_MASK == at.pack() & PLACE_MASK && ((cur >> HITS_SHIFT) as u8) < cap.min(MAX_HITS) {
+                t.slots[i].loc = cur + (1 << HITS_SHIFT);
+            }
+        }
+    }
+
+    /// Calls `f` with every entry, one shard at a time under its read lock.
+    pub fn for_each(&self, mut f: impl FnMut(u64, Loc)) {
+        for shard in self.shards.iter() {
+            let t = shard.read();
+            for s in t.slots.iter().filter(|s| s.hash != 0) {
+                f(s.hash, Loc::unpack(s.loc));
+            }
         }
     }
 
@@ -247,14 +309,20 @@ mod tests {
     use std::collections::HashMap;
 
     fn loc(n: u64) -> Loc {
-        Loc { slot: (n % 16000) as u16, tag: (n % 256) as u8, offset: (n % (1 << 32)) * 8, class: (n % 512) as u16 }
+        Loc {
+            slot: (n % 16000) as u16,
+            tag: (n % 128) as u8,
+            offset: (n % (1 << 32)) * 8,
+            class: (n % 512) as u16,
+            hits: 0,
+        }
     }
 
     #[test]
     fn pack_round_trips_extremes() {
         for l in [
-            Loc { slot: 0, tag: 0, offset: 0, class: 0 },
-            Loc { slot: (MAX_SLOTS - 1) as u16, tag: 255, offset: MAX_VOLUME_SIZE - 8, class: 511 },
+            Loc { slot: 0, tag: 0, offset: 0, class: 0, hits: 0 },
+            Loc { slot: (MAX_SLOTS - 1) as u16, tag: 127, offset: MAX_VOLUME_SIZE - 8, class: 511, hits: MAX_HITS },
         ] {
             assert_eq!(Loc::unpack(l.pack()), l);
         }
@@ -305,5 +373,27 @@ mod tests {
         assert!(!idx.remove_if_eq(42, loc(1)));
         assert!(idx.remove_if_eq(42, loc(2)));
         assert!(idx.is_empty());
+    }
+
+    #[test]
+    fn read_counts_saturate_and_do_not_change_the_place() {
+        let idx = Index::new();
+        let at = loc(7);
+        idx.insert(9, at);
+        for _ in 0..5 {
+            let seen = idx.get(9).unwrap();
+            idx.count_read(9, seen, 2);
+        }
+        let now = idx.get(9).unwrap();
+        assert_eq!(now.hits, 2, "capped at the asked count");
+        assert!(now.same_place(at) && now != at);
+        idx.count_read(9, now, MAX_HITS + 5);
+        assert_eq!(idx.get(9).unwrap().hits, MAX_HITS);
+        // A stale location is not counted, and comparisons ignore counts.
+        idx.count_read(9, loc(8), 3);
+        assert!(!idx.replace_if_eq(9, loc(8), loc(10)));
+        assert!(idx.replace_if_eq(9, at, loc(10)));
+        assert_eq!(idx.get(9), Some(loc(10)));
+        assert!(idx.remove_if_eq(9, Loc { hits: 1, ..loc(10) }));
     }
 }

@@ -20,6 +20,44 @@ pub fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usiz
     Ok(done)
 }
 
+/// Like [`read_at_most`], but only from the page cache: `Ok(None)` when reading would wait
+/// for the device (`RWF_NOWAIT`), so that a caller on an async worker can move the read to a
+/// thread that may block. Where the flag is unsupported the read simply happens.
+pub fn read_cached_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<Option<usize>> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let mut done = 0;
+        while done < buf.len() {
+            let iov = libc::iovec { iov_base: buf[done..].as_mut_ptr().cast(), iov_len: buf.len() - done };
+            // SAFETY: the iovec points into `buf`, which outlives the call.
+            let n =
+                unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, (offset + done as u64) as i64, libc::RWF_NOWAIT) };
+            if n > 0 {
+                done += n as usize;
+                continue;
+            }
+            if n == 0 {
+                break;
+            }
+            match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => {}
+                e if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(None),
+                // Kernel or file system without RWF_NOWAIT: read the usual way.
+                e if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL)) => {
+                    return read_at_most(file, &mut buf[done..], offset + done as u64).map(|n| Some(done + n));
+                }
+                e => return Err(e),
+            }
+        }
+        Ok(Some(done))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        read_at_most(file, buf, offset).map(Some)
+    }
+}
+
 /// Writes all of `parts`, in order, starting at `offset`, without first joining them.
 pub fn write_all_vectored_at(file: &File, parts: &[&[u8]], offset: u64) -> io::Result<()> {
     #[cfg(target_os = "linux")]

@@ -14,14 +14,17 @@
 //! ```
 
 mod error;
+mod flight;
 pub mod hint;
 pub mod index;
 pub mod io;
 pub mod manifest;
+pub mod memory;
 pub mod record;
 pub mod recovery;
 mod store;
 pub mod volume;
 
 pub use error::{Error, ErrorKind, Result};
-pub use store::{now_ms, FsyncPolicy, Position, Stats, Store, StoreConfig, Value, MIN_VOLUME_SIZE};
+pub use memory::{Eviction, MemoryConfig};
+pub use store::{now_ms, FsyncPolicy, Position, Stats, Store, StoreConfig, Tier, Value, MIN_VOLUME_SIZE};

@@ -11,7 +11,9 @@
 //! covers it; concurrent writers share one fdatasync (group commit: the first waiter syncs
 //! on behalf of everyone who appended before it started).
 
-use crate::index::{Index, Loc, MAX_SLOTS, MAX_VOLUME_SIZE};
+use crate::flight::{Flights, Found, Join};
+use crate::index::{Index, Loc, MAX_HITS, MAX_SLOTS, MAX_VOLUME_SIZE, TAG_MASK};
+use crate::memory::{Cached, Memory, MemoryConfig};
 use crate::record::{self, Header, FLAG_TOMBSTONE, HEADER_LEN, MAX_KEY_LEN};
 use crate::recovery::{self, RecoveryReport};
 use crate::volume::{hint_path, volume_path, VolumeHeader, VOLUME_HEADER_LEN};
@@ -49,6 +51,13 @@ pub struct StoreConfig {
     pub max_value_size: u64,
     /// Durability policy.
     pub fsync: FsyncPolicy,
+    /// The memory tier in front of the volumes.
+    pub memory: MemoryConfig,
+    /// Before the ring overwrites its oldest volume, entries of it read from disk at least
+    /// this many times since written (at most 3) are copied forward; 0 = plain FIFO.
+    pub reinsert_min_hits: u8,
+    /// Most bytes reinsertion copies per ring step, as a share of a volume.
+    pub reinsert_share: f64,
 }
 
 impl StoreConfig {
@@ -60,8 +69,20 @@ impl StoreConfig {
             volume_count: 16,
             max_value_size: 1 << 20,
             fsync: FsyncPolicy::Every(Duration::from_secs(1)),
+            memory: MemoryConfig::default(),
+            reinsert_min_hits: 1,
+            reinsert_share: 0.2,
         }
     }
+}
+
+/// Which tier answered a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// The memory tier.
+    Memory,
+    /// A volume file.
+    Disk,
 }
 
 /// Smallest volume accepted; smaller settings are raised to it (with a warning).
@@ -89,6 +110,9 @@ pub struct Value {
     pub stored_ms: u64,
     /// When it expires, ms since the Unix epoch; 0 = never.
     pub expiry_ms: u64,
+    /// Which tier answered. For a memory hit, `position` is where the value was read from
+    /// when it was promoted (reinsertion may have moved the record since).
+    pub tier: Tier,
 }
 
 /// Counters and gauges of a store.
@@ -116,6 +140,32 @@ pub struct Stats {
     pub hits: u64,
     /// Gets that found nothing.
     pub misses: u64,
+    /// Gets answered by the memory tier.
+    pub memory_hits: u64,
+    /// Record reads from volume files made for gets.
+    pub disk_reads: u64,
+    /// Gets that shared another get's disk read instead of reading.
+    pub coalesced_reads: u64,
+    /// Values moved into the memory tier after a disk read.
+    pub promotions: u64,
+    /// Memory tier capacity in bytes (0 = off).
+    pub memory_capacity: u64,
+    /// Bytes the memory tier holds (values, keys and per-entry overhead).
+    pub memory_bytes: u64,
+    /// Entries in the memory tier.
+    pub memory_entries: u64,
+    /// Keys whose disk reads admission is counting.
+    pub admission_tracked: u64,
+    /// Entries of volumes about to be overwritten that qualified for reinsertion.
+    pub reinsert_candidates: u64,
+    /// Qualifying entries copied forward.
+    pub reinserted: u64,
+    /// Bytes of records copied forward.
+    pub reinserted_bytes: u64,
+    /// Qualifying entries left out because the step's byte budget was spent.
+    pub reinsert_over_budget: u64,
+    /// Qualifying entries not copied because they changed or vanished meanwhile.
+    pub reinsert_skipped: u64,
     /// Reads whose record failed its checksum (answered as misses).
     pub corrupt_reads: u64,
     /// Times the ring moved to the next slot.
@@ -134,6 +184,13 @@ struct Counters {
     deletes: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
+    disk_reads: AtomicU64,
+    coalesced_reads: AtomicU64,
+    reinsert_candidates: AtomicU64,
+    reinserted: AtomicU64,
+    reinserted_bytes: AtomicU64,
+    reinsert_over_budget: AtomicU64,
+    reinsert_skipped: AtomicU64,
     corrupt_reads: AtomicU64,
     rotations: AtomicU64,
     evicted_entries: AtomicU64,
@@ -170,9 +227,22 @@ struct DurableState {
 }
 
 enum Job {
-    Hint { slot: usize, generation: u32, sequence: u64, len: u64 },
+    Hint {
+        slot: usize,
+        generation: u32,
+        sequence: u64,
+        len: u64,
+    },
+    Reinsert {
+        slot: usize,
+        generation: u32,
+    },
+    /// Answers once every job queued before it has run.
+    Barrier(mpsc::Sender<()>),
     Sweep,
-    Manifest { active: usize },
+    Manifest {
+        active: usize,
+    },
 }
 
 pub(crate) struct Shared {
@@ -182,6 +252,8 @@ pub(crate) struct Shared {
     pub dir_id: [u8; 16],
     manifest: Mutex<Manifest>,
     pub index: Index,
+    memory: Option<Memory>,
+    flights: Flights,
     pub slots: Box<[SlotState]>,
     writer: Mutex<Writer>,
     durable: Mutex<DurableState>,
@@ -207,13 +279,19 @@ impl Shared {
     }
 
     pub fn loc(&self, slot: usize, generation: u32, offset: u64, record_len: u64) -> Loc {
-        Loc { slot: slot as u16, tag: generation as u8, offset, class: record::size_class(record_len) }
+        Loc {
+            slot: slot as u16,
+            tag: (generation & TAG_MASK) as u8,
+            offset,
+            class: record::size_class(record_len),
+            hits: 0,
+        }
     }
 
     /// The generation `loc` must be read with, or `None` if its slot has moved on.
     fn live_generation(&self, loc: Loc) -> Option<u32> {
         let g = self.slots[loc.slot as usize].generation.load(Ordering::Acquire);
-        (g != 0 && g as u8 == loc.tag).then_some(g)
+        (g != 0 && (g & TAG_MASK) as u8 == loc.tag).then_some(g)
     }
 
     /// Whether the record at `loc` is of the current generation and has key `key` (header and
@@ -293,6 +371,13 @@ impl Shared {
         let next = (old + 1) % self.slots.len();
         self.start_volume(next, w.next_sequence)?;
         w.next_sequence += 1;
+        // The slot after the new active one is the next to be overwritten: copy its hot
+        // entries forward while the new volume fills.
+        let oldest = (next + 1) % self.slots.len();
+        let og = self.slots[oldest].generation.load(Ordering::Relaxed);
+        if self.cfg.reinsert_min_hits > 0 && oldest != next && og != 0 {
+            self.send(Job::Reinsert { slot: oldest, generation: og });
+        }
         let os = &self.slots[old];
         if next != old {
             if self.cfg.fsync != FsyncPolicy::Never {
@@ -320,10 +405,11 @@ impl Shared {
         w: &mut Writer,
         header: Header,
         key: &[u8],
+        meta: &[u8],
         value: &[u8],
         value_crc: u32,
     ) -> Result<(Position, Loc)> {
-        let record_len = HEADER_LEN as u64 + key.len() as u64 + value.len() as u64;
+        let record_len = (HEADER_LEN + key.len() + meta.len() + value.len()) as u64;
         let padded = record::padded(record_len);
         if w.offset + padded > self.cfg.volume_size {
             self.rotate(w)?;
@@ -334,7 +420,7 @@ impl Shared {
         let header = Header { generation, ..header };
         let mut prefix = std::mem::take(&mut w.prefix);
         prefix.clear();
-        record::encode_prefix(&mut prefix, &header, key, b"", value.len(), value_crc, salt);
+        record::encode_prefix(&mut prefix, &header, key, meta, value.len(), value_crc, salt);
         let pad = &ZEROS[..(padded - record_len) as usize];
         let file = self.slots[slot].file.get().expect("active volume is open");
         let res = io::write_all_vectored_at(file, &[&prefix, value, pad], w.offset);
@@ -424,6 +510,129 @@ impl Shared {
         Ok(())
     }
 
+    /// Reads and verifies the record at `loc`.
+    fn fetch(&self, hash: u64, loc: Loc, nowait: bool) -> Result<Fetch> {
+        let sh = self;
+        let slot = &sh.slots[loc.slot as usize];
+        let (Some(generation), Some(file)) = (sh.live_generation(loc), slot.file.get()) else {
+            return Ok(Fetch::Gone);
+        };
+        let salt = slot.salt.load(Ordering::Acquire);
+        let mut buf = vec![0u8; record::size_class_bytes(loc.class) as usize];
+        let n = if nowait {
+            match io::read_cached_at_most(file, &mut buf, loc.offset) {
+                Ok(Some(n)) => n,
+                Ok(None) => return Ok(Fetch::WouldBlock),
+                Err(e) => return Err(Error::io("reading a record", e)),
+            }
+        } else {
+            io::read_at_most(file, &mut buf, loc.offset).map_err(|e| Error::io("reading a record", e))?
+        };
+        sh.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
+        buf.truncate(n);
+        let (header, value) = match record::decode(&buf, salt) {
+            Ok(r) => (r.header, r.value_range),
+            Err(err) => {
+                // A slot reused under our feet explains any garbage; otherwise it is damage.
+                if slot.generation.load(Ordering::Acquire) == generation {
+                    sh.counters.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        volume = loc.slot,
+                        offset = loc.offset,
+                        ?err,
+                        "record failed verification; answered as a miss"
+                    );
+                    sh.index.remove_if_eq(hash, loc);
+                }
+                return Ok(Fetch::Gone);
+            }
+        };
+        if header.generation != generation {
+            return Ok(Fetch::Gone);
+        }
+        Ok(Fetch::Record(Record { buf, header, value }))
+    }
+
+    /// Copies the entries of `slot` (the next volume the ring overwrites) that were read at
+    /// least `reinsert_min_hits` times to the active volume, hottest first within the byte
+    /// budget, so that they survive the overwrite. A put or delete of the key since wins.
+    fn reinsert(&self, slot: usize, generation: u32) {
+        let c = &self.counters;
+        let min = self.cfg.reinsert_min_hits.min(MAX_HITS);
+        let tag = (generation & TAG_MASK) as u8;
+        let mut cands: Vec<(u64, Loc)> = Vec::new();
+        self.index.for_each(|h, l| {
+            if l.slot as usize == slot && l.tag == tag && l.hits >= min {
+                cands.push((h, l));
+            }
+        });
+        c.reinsert_candidates.fetch_add(cands.len() as u64, Ordering::Relaxed);
+        cands.sort_unstable_by_key(|&(_, l)| (std::cmp::Reverse(l.hits), l.offset));
+        let budget = (self.cfg.volume_size as f64 * self.cfg.reinsert_share.clamp(0.0, 1.0)) as u64;
+        let mut spent = 0;
+        // A record's size class bounds its length from above, so the budget is never exceeded.
+        let take = cands
+            .iter()
+            .take_while(|(_, l)| {
+                spent += record::size_class_bytes(l.class);
+                spent <= budget
+            })
+            .count();
+        c.reinsert_over_budget.fetch_add((cands.len() - take) as u64, Ordering::Relaxed);
+        cands.truncate(take);
+        cands.sort_unstable_by_key(|&(_, l)| l.offset); // front to back through the volume
+        let now = now_ms();
+        let (mut batch, mut batch_bytes) = (Vec::new(), 0);
+        for (hash, loc) in cands {
+            match self.fetch(hash, loc, false) {
+                Ok(Fetch::Record(r)) if !r.header.is_tombstone() && !r.expired(now) => {
+                    batch_bytes += r.buf.len();
+                    batch.push((hash, loc, r));
+                }
+                _ => {
+                    c.reinsert_skipped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            // Small batches: puts wait for the writer lock while a batch is appended.
+            if batch_bytes >= 256 << 10 {
+                self.copy_forward(&mut batch);
+                batch_bytes = 0;
+            }
+        }
+        self.copy_forward(&mut batch);
+    }
+
+    fn copy_forward(&self, batch: &mut Vec<(u64, Loc, Record)>) {
+        if batch.is_empty() {
+            return;
+        }
+        let c = &self.counters;
+        let mut w = self.writer.lock();
+        let mut left = batch.len() as u64;
+        for (hash, old, r) in batch.drain(..) {
+            left -= 1;
+            // Under the writer lock no put or delete of the key can come between this check
+            // and the replacement.
+            if !self.index.get(hash).is_some_and(|l| l.same_place(old)) {
+                c.reinsert_skipped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let value = r.value();
+            match self.append(&mut w, r.header, r.key(), r.meta(), value, crc32c::crc32c(value)) {
+                Ok((pos, new)) => {
+                    self.index.replace_if_eq(hash, old, new);
+                    c.reinserted.fetch_add(1, Ordering::Relaxed);
+                    c.reinserted_bytes.fetch_add(pos.size, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reinsertion stopped");
+                    c.reinsert_skipped.fetch_add(1 + left, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    }
+
     fn maintenance(self: Arc<Self>, rx: mpsc::Receiver<Job>) {
         io::lower_thread_priority();
         while let Ok(job) = rx.recv() {
@@ -441,6 +650,10 @@ impl Shared {
                 if let Err(e) = self.write_hint(slot, generation, sequence, len) {
                     tracing::warn!(slot, error = %e, "could not write a hint file; recovery will scan the volume");
                 }
+            }
+            Job::Reinsert { slot, generation } => self.reinsert(slot, generation),
+            Job::Barrier(done) => {
+                let _ = done.send(());
             }
             Job::Sweep => {
                 let removed = self.index.retain(|l| self.live_generation(l).is_some());
@@ -466,6 +679,35 @@ impl Shared {
             }
         }
     }
+}
+
+/// A verified record as read from a volume.
+struct Record {
+    buf: Vec<u8>,
+    header: Header,
+    value: (usize, usize),
+}
+
+impl Record {
+    fn key(&self) -> &[u8] {
+        &self.buf[HEADER_LEN..HEADER_LEN + self.header.key_len as usize]
+    }
+    fn meta(&self) -> &[u8] {
+        &self.buf[HEADER_LEN + self.header.key_len as usize..self.value.0]
+    }
+    fn value(&self) -> &[u8] {
+        &self.buf[self.value.0..self.value.1]
+    }
+    fn expired(&self, now: u64) -> bool {
+        self.header.expiry_ms != 0 && self.header.expiry_ms <= now
+    }
+}
+
+enum Fetch {
+    Record(Record),
+    /// Not there any more: the slot moved on, or the bytes failed verification.
+    Gone,
+    WouldBlock,
 }
 
 /// The storage engine: a ring of volume files and an in-memory index. Cheap to share by
@@ -559,6 +801,8 @@ impl Store {
             dir_id: manifest.dir_id,
             manifest: Mutex::new(manifest),
             index: Index::new(),
+            memory: Memory::new(&cfg.memory),
+            flights: Flights::default(),
             slots,
             writer: Mutex::new(Writer {
                 active: 0,
@@ -671,13 +915,28 @@ impl Store {
         let value_crc = crc32c::crc32c(value);
         let hash = sh.hash(key);
         let header = new_header(0);
-        let (pos, seq) = {
+        let (pos, loc, seq) = {
             let Some(mut w) = self.writer(wait, record_len) else { return Ok(None) };
-            let (pos, loc) = sh.append(&mut w, header, key, value, value_crc)?;
+            let (pos, loc) = sh.append(&mut w, header, key, b"", value, value_crc)?;
             // A colliding key loses its entry here: it becomes a miss, never a wrong value.
             sh.index.insert(hash, loc);
-            (pos, w.appended)
+            (pos, loc, w.appended)
         };
+        // After the index, so that a promotion racing with this put cannot leave the old
+        // value in memory (see memory.rs).
+        if let Some(m) = &sh.memory {
+            if m.on_put() {
+                let cached = Cached {
+                    data: Bytes::copy_from_slice(value),
+                    position: pos,
+                    stored_ms: header.stored_ms,
+                    expiry_ms: header.expiry_ms,
+                };
+                m.put_if(hash, key, cached, || sh.index.get(hash).is_some_and(|l| l.same_place(loc)));
+            } else {
+                m.invalidate(hash, key);
+            }
+        }
         if sh.cfg.fsync == FsyncPolicy::Always {
             sh.wait_durable(seq)?;
         }
@@ -686,56 +945,115 @@ impl Store {
     }
 
     /// Reads the value of `key`; `Ok(None)` when absent, expired, evicted or unreadable.
+    ///
+    /// Looks in the memory tier first. A disk read that another thread is already making for
+    /// the same key is shared rather than repeated. May block on the device.
     pub fn get(&self, key: &[u8]) -> Result<Option<Value>> {
+        Ok(self.get_inner(key, true)?.expect("a get that may wait completes"))
+    }
+
+    /// Like [`Store::get`], but answers `Ok(None)` where `get` would wait for the device (the
+    /// record is not in the page cache) or for another thread's read of the same key. An
+    /// async caller answers memory and page-cache hits inline and moves only the rest to a
+    /// thread that may block.
+    pub fn try_get(&self, key: &[u8]) -> Result<Option<Option<Value>>> {
+        self.get_inner(key, false)
+    }
+
+    fn get_inner(&self, key: &[u8], wait: bool) -> Result<Option<Option<Value>>> {
         check_key(key)?;
         let sh = &*self.shared;
+        if let Some(m) = &sh.memory {
+            if let Some(c) = m.get(key) {
+                if c.expiry_ms == 0 || c.expiry_ms > now_ms() {
+                    m.hits.fetch_add(1, Ordering::Relaxed);
+                    sh.counters.hits.fetch_add(1, Ordering::Relaxed);
+                    let Cached { data, position, stored_ms, expiry_ms } = c;
+                    return Ok(Some(Some(Value { data, position, stored_ms, expiry_ms, tier: Tier::Memory })));
+                }
+            }
+        }
         let hash = sh.hash(key);
-        let found = match sh.index.get(hash) {
-            Some(loc) => self.read(hash, loc, key)?,
-            None => None,
+        // `reads` is how many gets this read answers, for admission; 0 = counted elsewhere.
+        let (found, reads) = if wait {
+            match sh.flights.join(hash, key) {
+                Join::Lead(lead) => {
+                    #[cfg(test)]
+                    tests::leader_pause();
+                    let r = self.read_disk(hash, key, false).map(|d| d.expect("a blocking read completes"));
+                    // Counted (and promoted) before the followers and later gets look again,
+                    // so that a hot key costs one disk read, not one per racing get.
+                    if let Ok(Some((v, loc))) = &r {
+                        self.after_disk_read(hash, key, v, *loc, 1 + lead.followers());
+                    }
+                    lead.finish(&r);
+                    (r?, 0)
+                }
+                Join::Follow(flight) => {
+                    sh.counters.coalesced_reads.fetch_add(1, Ordering::Relaxed);
+                    (flight.wait()?, 0)
+                }
+                Join::Alone => (self.read_disk(hash, key, false)?.expect("a blocking read completes"), 1),
+            }
+        } else {
+            if sh.flights.busy(hash) {
+                return Ok(None);
+            }
+            match self.read_disk(hash, key, true)? {
+                Some(found) => (found, 1),
+                None => return Ok(None),
+            }
         };
         let c = if found.is_some() { &sh.counters.hits } else { &sh.counters.misses };
         c.fetch_add(1, Ordering::Relaxed);
-        Ok(found)
+        Ok(Some(found.map(|(value, loc)| {
+            if reads > 0 {
+                self.after_disk_read(hash, key, &value, loc, reads);
+            }
+            value
+        })))
     }
 
-    fn read(&self, hash: u64, loc: Loc, key: &[u8]) -> Result<Option<Value>> {
+    /// A value was read from disk for `reads` gets: count them for reinsertion and for
+    /// admission to memory, promoting the value when it has earned it.
+    fn after_disk_read(&self, hash: u64, key: &[u8], v: &Value, loc: Loc, reads: u32) {
         let sh = &*self.shared;
-        let slot = &sh.slots[loc.slot as usize];
-        let (Some(generation), Some(file)) = (sh.live_generation(loc), slot.file.get()) else {
-            return Ok(None);
-        };
-        let salt = slot.salt.load(Ordering::Acquire);
-        let mut buf = vec![0u8; record::size_class_bytes(loc.class) as usize];
-        let n = io::read_at_most(file, &mut buf, loc.offset).map_err(|e| Error::io("reading a record", e))?;
-        buf.truncate(n);
-        let (header, range) = match record::decode(&buf, salt) {
-            Ok(r) => (r.header, r.value_range),
-            Err(err) => {
-                // A slot reused under our feet explains any garbage; otherwise it is damage.
-                if slot.generation.load(Ordering::Acquire) == generation {
-                    sh.counters.corrupt_reads.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        volume = loc.slot,
-                        offset = loc.offset,
-                        ?err,
-                        "record failed verification; answered as a miss"
-                    );
-                    sh.index.remove_if_eq(hash, loc);
-                }
-                return Ok(None);
-            }
-        };
-        let key_ok = &buf[HEADER_LEN..HEADER_LEN + header.key_len as usize] == key;
-        if header.generation != generation || !key_ok || header.is_tombstone() {
-            return Ok(None);
+        if sh.cfg.reinsert_min_hits > 0 {
+            sh.index.count_read(hash, loc, sh.cfg.reinsert_min_hits);
         }
-        if header.expiry_ms != 0 && header.expiry_ms <= now_ms() {
-            return Ok(None);
+        let Some(m) = &sh.memory else { return };
+        if !m.admit(hash, now_ms(), reads) {
+            return;
         }
-        let position = Position { volume: loc.slot as u32, offset: loc.offset, size: header.record_len() };
-        let data = Bytes::from(buf).slice(range.0..range.1);
-        Ok(Some(Value { data, position, stored_ms: header.stored_ms, expiry_ms: header.expiry_ms }))
+        // An exact-size copy: the read buffer also holds the header and padding.
+        let cached = Cached {
+            data: Bytes::copy_from_slice(&v.data),
+            position: v.position,
+            stored_ms: v.stored_ms,
+            expiry_ms: v.expiry_ms,
+        };
+        if m.put_if(hash, key, cached, || sh.index.get(hash).is_some_and(|l| l.same_place(loc))) {
+            m.promotions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Looks `key` up in the index and reads its record; `Ok(None)` if `nowait` and the read
+    /// would wait for the device.
+    fn read_disk(&self, hash: u64, key: &[u8], nowait: bool) -> Result<Option<Found>> {
+        let Some(loc) = self.shared.index.get(hash) else { return Ok(Some(None)) };
+        let rec = match self.shared.fetch(hash, loc, nowait)? {
+            Fetch::WouldBlock => return Ok(None),
+            Fetch::Gone => return Ok(Some(None)),
+            Fetch::Record(r) => r,
+        };
+        let h = &rec.header;
+        if rec.key() != key || h.is_tombstone() || (h.expiry_ms != 0 && h.expiry_ms <= now_ms()) {
+            return Ok(Some(None));
+        }
+        let position = Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() };
+        let (stored_ms, expiry_ms) = (h.stored_ms, h.expiry_ms);
+        let data = Bytes::from(rec.buf).slice(rec.value.0..rec.value.1);
+        Ok(Some(Some((Value { data, position, stored_ms, expiry_ms, tier: Tier::Disk }, loc))))
     }
 
     /// Deletes `key`; returns whether it was present.
@@ -756,19 +1074,33 @@ impl Store {
         let seq = {
             let need = record::padded((HEADER_LEN + key.len()) as u64);
             let Some(mut w) = self.writer(wait, need) else { return Ok(None) };
-            let Some(loc) = sh.index.get(hash) else { return Ok(Some(false)) };
-            if !sh.key_at(loc, key) {
-                return Ok(Some(false));
+            match sh.index.get(hash) {
+                Some(loc) if sh.key_at(loc, key) => {
+                    sh.append(&mut w, new_header(FLAG_TOMBSTONE), key, b"", b"", crc32c::crc32c(b""))?;
+                    sh.index.remove_if_eq(hash, loc);
+                    Some(w.appended)
+                }
+                _ => None,
             }
-            sh.append(&mut w, new_header(FLAG_TOMBSTONE), key, b"", crc32c::crc32c(b""))?;
-            sh.index.remove_if_eq(hash, loc);
-            w.appended
         };
-        if sh.cfg.fsync == FsyncPolicy::Always {
+        // Memory may hold the key after the ring evicted its record: that counts as present.
+        let in_memory = sh.memory.as_ref().is_some_and(|m| m.invalidate(hash, key));
+        if let (Some(seq), FsyncPolicy::Always) = (seq, sh.cfg.fsync) {
             sh.wait_durable(seq)?;
         }
-        sh.counters.deletes.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(true))
+        let found = seq.is_some() || in_memory;
+        if found {
+            sh.counters.deletes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Some(found))
+    }
+
+    /// Waits until the background work queued so far (hint files, index sweeps,
+    /// reinsertion) has run. For tests and benchmarks that want a settled state.
+    pub fn settle(&self) {
+        let (tx, rx) = mpsc::channel();
+        self.shared.send(Job::Barrier(tx));
+        let _ = rx.recv();
     }
 
     /// Makes everything written so far durable.
@@ -786,6 +1118,8 @@ impl Store {
             .iter()
             .filter(|s| s.file.get().is_some())
             .fold((0, 0), |(b, v), s| (b + s.len.load(Ordering::Relaxed), v + 1));
+        let (memory_bytes, memory_entries, memory_capacity, admission_tracked) =
+            sh.memory.as_ref().map_or((0, 0, 0, 0), |m| m.usage());
         Stats {
             keys: sh.index.len(),
             bytes_used,
@@ -798,6 +1132,19 @@ impl Store {
             deletes: c.deletes.load(Ordering::Relaxed),
             hits: c.hits.load(Ordering::Relaxed),
             misses: c.misses.load(Ordering::Relaxed),
+            memory_hits: sh.memory.as_ref().map_or(0, |m| m.hits.load(Ordering::Relaxed)),
+            disk_reads: c.disk_reads.load(Ordering::Relaxed),
+            coalesced_reads: c.coalesced_reads.load(Ordering::Relaxed),
+            promotions: sh.memory.as_ref().map_or(0, |m| m.promotions.load(Ordering::Relaxed)),
+            memory_capacity,
+            memory_bytes,
+            memory_entries,
+            admission_tracked,
+            reinsert_candidates: c.reinsert_candidates.load(Ordering::Relaxed),
+            reinserted: c.reinserted.load(Ordering::Relaxed),
+            reinserted_bytes: c.reinserted_bytes.load(Ordering::Relaxed),
+            reinsert_over_budget: c.reinsert_over_budget.load(Ordering::Relaxed),
+            reinsert_skipped: c.reinsert_skipped.load(Ordering::Relaxed),
             corrupt_reads: c.corrupt_reads.load(Ordering::Relaxed),
             rotations: c.rotations.load(Ordering::Relaxed),
             evicted_entries: c.evicted_entries.load(Ordering::Relaxed),
@@ -831,5 +1178,53 @@ impl Drop for Store {
         if let Err(e) = self.close() {
             tracing::error!(error = %e, "closing the store");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Barrier;
+
+    static LEADER_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+
+    /// Stands in for a slow device: the reader that leads a flight waits before reading.
+    pub(super) fn leader_pause() {
+        let ms = LEADER_PAUSE_MS.load(Ordering::Relaxed);
+        if ms > 0 {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
+
+    #[test]
+    fn concurrent_reads_of_a_cold_key_share_one_disk_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = StoreConfig::new(dir.path());
+        (cfg.volume_size, cfg.volume_count) = (1 << 20, 2);
+        cfg.memory.promote_after = 1_000; // keep memory out of it: every get goes to disk
+        let store = Store::open(cfg).unwrap();
+        let value: Vec<u8> = (0..40_000u32).map(|i| (i * 7) as u8).collect();
+        store.put(b"cold", &value).unwrap();
+        LEADER_PAUSE_MS.store(200, Ordering::Relaxed);
+        let before = store.stats();
+        let barrier = Barrier::new(64);
+        std::thread::scope(|s| {
+            for _ in 0..64 {
+                s.spawn(|| {
+                    barrier.wait();
+                    let v = store.get(b"cold").unwrap().expect("stored");
+                    assert_eq!(&v.data[..], &value[..]);
+                });
+            }
+        });
+        LEADER_PAUSE_MS.store(0, Ordering::Relaxed);
+        let after = store.stats();
+        let reads = after.disk_reads - before.disk_reads;
+        let shared = after.coalesced_reads - before.coalesced_reads;
+        assert_eq!(reads + shared, 64);
+        assert!(reads <= 2, "{reads} disk reads for 64 concurrent gets");
+        // try_get never waits on a flight: with none in the air it reads from the page cache.
+        assert!(store.try_get(b"cold").unwrap().is_some());
     }
 }

@@ -2,7 +2,7 @@
 //! parsers for sizes and durations. Parsing is pure so it is tested without a server.
 
 use clap::Args;
-use larder_engine::FsyncPolicy;
+use larder_engine::{Eviction, FsyncPolicy, MemoryConfig};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -84,6 +84,28 @@ pub struct ServeArgs {
     /// what a power loss can take) [default: 1s].
     #[arg(long, value_name = "never|always|DURATION", value_parser = parse_fsync)]
     pub fsync: Option<FsyncPolicy>,
+    /// Bytes of values the memory tier in front of the disk holds; 0 turns it off
+    /// [default: 256MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub memory_capacity: Option<u64>,
+    /// Memory tier eviction policy: clock (quick_cache's CLOCK-Pro), or foyer's sieve, s3fifo,
+    /// lfu (w-TinyLFU), lru or fifo [default: clock].
+    #[arg(long, value_name = "POLICY")]
+    pub memory_eviction: Option<Eviction>,
+    /// A value read from disk enters memory on its Nth disk read within --promote-window;
+    /// 1 promotes on the first read [default: 2].
+    #[arg(long, value_name = "N")]
+    pub promote_after: Option<u32>,
+    /// The window in which --promote-after reads are counted, e.g. 500ms, 60s, 5m [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub promote_window: Option<Duration>,
+    /// Also store each PUT's value in memory (by default a PUT only invalidates memory).
+    #[arg(long)]
+    pub memory_on_put: bool,
+    /// Before the ring overwrites its oldest volume, copy forward the entries read from disk
+    /// at least N times since written (0 to 3; 0 = plain FIFO) [default: 1].
+    #[arg(long, value_name = "N")]
+    pub reinsert_min_hits: Option<u8>,
     /// Requests slower than this are logged as warnings; 0 turns the warning off [default: 100ms].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub slow_request: Option<Duration>,
@@ -158,6 +180,12 @@ struct FileConfig {
     volume_count: Option<u32>,
     max_value_size: Option<SizeValue>,
     fsync: Option<DurationOrWord>,
+    memory_capacity: Option<SizeValue>,
+    memory_eviction: Option<String>,
+    promote_after: Option<u32>,
+    promote_window: Option<DurationValue>,
+    memory_on_put: Option<bool>,
+    reinsert_min_hits: Option<u8>,
     slow_request: Option<DurationValue>,
     access_log: Option<bool>,
     log_level: Option<String>,
@@ -189,6 +217,10 @@ pub struct Settings {
     pub max_value_size: u64,
     /// Durability policy.
     pub fsync: FsyncPolicy,
+    /// The memory tier.
+    pub memory: MemoryConfig,
+    /// Reads from disk that earn an entry reinsertion before the ring overwrites it; 0 = off.
+    pub reinsert_min_hits: u8,
     /// Slow-request warning threshold.
     pub slow_request: Duration,
     /// Whether every request is logged.
@@ -245,6 +277,24 @@ impl ServeArgs {
             (None, Some(DurationOrWord::Text(s))) => parse_fsync(s)?,
             (None, None) => FsyncPolicy::Every(Duration::from_secs(1)),
         };
+        let memory_eviction = match (self.memory_eviction, &file.memory_eviction) {
+            (Some(e), _) => e,
+            (None, Some(s)) => s.parse()?,
+            (None, None) => Eviction::Clock,
+        };
+        let reinsert_min_hits = self.reinsert_min_hits.or(file.reinsert_min_hits).unwrap_or(1);
+        if reinsert_min_hits > 3 {
+            return Err(format!(
+                "--reinsert-min-hits {reinsert_min_hits} is too high: the index counts up to 3 reads per entry"
+            ));
+        }
+        let memory = MemoryConfig {
+            capacity: size(self.memory_capacity, &file.memory_capacity, 256 << 20)?,
+            eviction: memory_eviction,
+            promote_after: self.promote_after.or(file.promote_after).unwrap_or(2),
+            promote_window: dur(self.promote_window, &file.promote_window, Duration::from_secs(60))?,
+            on_put: self.memory_on_put || file.memory_on_put.unwrap_or(false),
+        };
         Ok(Settings {
             data_dir: dirs.into_iter().next().unwrap_or_else(|| PathBuf::from("./larder-data")),
             listen: self.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:1234".parse().unwrap()),
@@ -252,6 +302,8 @@ impl ServeArgs {
             volume_count: self.volume_count.or(file.volume_count).unwrap_or(16),
             max_value_size: size(self.max_value_size, &file.max_value_size, 1 << 20)?,
             fsync,
+            memory,
+            reinsert_min_hits,
             slow_request: dur(self.slow_request, &file.slow_request, Duration::from_millis(100))?,
             access_log: self.access_log || file.access_log.unwrap_or(false),
             log_level: self.log_level.clone().or(file.log_level).unwrap_or_else(|| "warn".into()),
@@ -315,6 +367,22 @@ mod tests {
         let defaults = ServeArgs::default().settings().unwrap();
         assert_eq!(defaults.listen.to_string(), "127.0.0.1:1234");
         assert_eq!(defaults.fsync, FsyncPolicy::Every(Duration::from_secs(1)));
+        assert_eq!((defaults.memory.capacity, defaults.memory.eviction), (256 << 20, Eviction::Clock));
+        assert_eq!((defaults.memory.promote_after, defaults.memory.promote_window), (2, Duration::from_secs(60)));
+        assert_eq!((defaults.memory.on_put, defaults.reinsert_min_hits), (false, 1));
+        std::fs::write(
+            dir.path().join("mem.toml"),
+            "memory_capacity = \"1GiB\"\nmemory_eviction = \"sieve\"\npromote_after = 3\npromote_window = \"500ms\"\nmemory_on_put = true\nreinsert_min_hits = 0\n",
+        )
+        .unwrap();
+        let m = ServeArgs { config: Some(dir.path().join("mem.toml")), ..Default::default() }.settings().unwrap();
+        assert_eq!((m.memory.capacity, m.memory.eviction, m.memory.promote_after), (1 << 30, Eviction::Sieve, 3));
+        assert_eq!(
+            (m.memory.promote_window, m.memory.on_put, m.reinsert_min_hits),
+            (Duration::from_millis(500), true, 0)
+        );
+        let high = ServeArgs { reinsert_min_hits: Some(4), ..Default::default() };
+        assert!(high.settings().unwrap_err().contains("reinsert-min-hits"));
         std::fs::write(dir.path().join("bad.toml"), "volume_sise = 3\n").unwrap();
         let bad = ServeArgs { config: Some(dir.path().join("bad.toml")), ..Default::default() };
         assert!(bad.settings().unwrap_err().contains("volume_sise"));

@@ -7,7 +7,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use larder_engine::{ErrorKind, Store};
+use larder_engine::{ErrorKind, Store, Tier};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -111,8 +111,8 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Resp {
         return text(StatusCode::SERVICE_UNAVAILABLE, "recovering; try again shortly\n");
     };
     match *req.method() {
-        Method::GET => get(store, &key, false),
-        Method::HEAD => get(store, &key, true),
+        Method::GET => get(app, store, key, false).await,
+        Method::HEAD => get(app, store, key, true).await,
         Method::PUT => {
             let key = key.into_owned();
             put(app, req, key).await
@@ -125,6 +125,15 @@ fn method_not_allowed(allowed: &'static str) -> Resp {
     let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     r.headers_mut().insert(ALLOW, HeaderValue::from_static(allowed));
     r
+}
+
+/// `part / whole`, 0 when there is no whole.
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
 }
 
 fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
@@ -155,6 +164,21 @@ fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
                 "deletes": s.deletes,
                 "hits": s.hits,
                 "misses": s.misses,
+                "hit_ratio": ratio(s.hits, s.hits + s.misses),
+                "memory_hits": s.memory_hits,
+                "memory_hit_ratio": ratio(s.memory_hits, s.hits + s.misses),
+                "disk_reads": s.disk_reads,
+                "coalesced_reads": s.coalesced_reads,
+                "promotions": s.promotions,
+                "memory_capacity": s.memory_capacity,
+                "memory_bytes": s.memory_bytes,
+                "memory_entries": s.memory_entries,
+                "admission_tracked": s.admission_tracked,
+                "reinsert_candidates": s.reinsert_candidates,
+                "reinserted": s.reinserted,
+                "reinserted_bytes": s.reinserted_bytes,
+                "reinsert_over_budget": s.reinsert_over_budget,
+                "reinsert_skipped": s.reinsert_skipped,
                 "corrupt_reads": s.corrupt_reads,
                 "rotations": s.rotations,
                 "evicted_entries": s.evicted_entries,
@@ -178,15 +202,30 @@ fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
     }
 }
 
-fn get(store: &Store, key: &[u8], head: bool) -> Resp {
-    match store.get(key) {
+/// Memory and page-cache hits are answered inline; a read that would wait for the device
+/// (or for another request's read of the same key, which it then shares) runs on the
+/// blocking pool, so a cold disk never stalls the async workers.
+async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>, head: bool) -> Resp {
+    let found = match store.try_get(&key) {
+        Ok(Some(found)) => Ok(found),
+        Ok(None) => {
+            let key = key.into_owned();
+            blocking(app, move |store| store.get(&key)).await
+        }
+        Err(e) => Err(e),
+    };
+    match found {
         Ok(Some(v)) => {
             let len = v.data.len();
             let mut r = Response::new(Full::new(if head { Bytes::new() } else { v.data }));
             let h = r.headers_mut();
             h.insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
             h.insert(X_POSITION.clone(), position_value(v.position));
-            h.insert(X_CACHE.clone(), HeaderValue::from_static("DISK"));
+            let tier = match v.tier {
+                Tier::Memory => "MEMC",
+                Tier::Disk => "DISK",
+            };
+            h.insert(X_CACHE.clone(), HeaderValue::from_static(tier));
             if head {
                 h.insert(CONTENT_LENGTH, HeaderValue::from(len));
             }

@@ -247,6 +247,9 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                 volume_count: s.volume_count,
                 max_value_size: s.max_value_size,
                 fsync: s.fsync,
+                memory: s.memory.clone(),
+                reinsert_min_hits: s.reinsert_min_hits,
+                ..StoreConfig::new(&s.data_dir)
             };
             let r = Store::open(cfg).map(|store| {
                 let _ = app.store.set(store);

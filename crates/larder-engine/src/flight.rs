@@ -1,0 +1,137 @@
+//! Request coalescing: concurrent reads of one key that must go to disk share one read.
+//!
+//! The first reader of a key registers a flight and reads; readers of the same key that come
+//! while it is in the air wait for its outcome instead of reading again. Flights are found by
+//! the key's hash and confirmed by the full key, so two keys sharing a hash never share bytes.
+
+use crate::index::Loc;
+use crate::store::Value;
+use crate::{Error, ErrorKind};
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// What a disk read found: the value and the location it was read from.
+pub(crate) type Found = Option<(Value, Loc)>;
+type Outcome = std::result::Result<Found, (ErrorKind, String)>;
+
+pub(crate) struct Flight {
+    key: Box<[u8]>,
+    followers: AtomicU32,
+    outcome: Mutex<Option<Outcome>>,
+    done: Condvar,
+}
+
+impl Flight {
+    /// Blocks until the leader has finished; returns its outcome.
+    pub fn wait(&self) -> crate::Result<Found> {
+        let mut o = self.outcome.lock();
+        while o.is_none() {
+            self.done.wait(&mut o);
+        }
+        match o.as_ref().expect("checked above") {
+            Ok(found) => Ok(found.clone()),
+            Err((kind, msg)) => Err(Error::new(*kind, msg.clone())),
+        }
+    }
+}
+
+const SHARDS: usize = 64;
+
+/// The flights in the air.
+type Shard = Mutex<HashMap<u64, Arc<Flight>>>;
+
+pub(crate) struct Flights {
+    shards: Box<[Shard]>,
+    /// Flights registered and not yet finished: lets the common case skip the shard lock.
+    active: AtomicUsize,
+}
+
+/// How a reader takes part.
+pub(crate) enum Join<'a> {
+    /// Read, then hand the outcome to the followers.
+    Lead(Lead<'a>),
+    /// Wait for the leader's outcome.
+    Follow(Arc<Flight>),
+    /// Another key with the same hash is in the air: read alone.
+    Alone,
+}
+
+impl Default for Flights {
+    fn default() -> Flights {
+        Flights { shards: (0..SHARDS).map(|_| Mutex::default()).collect(), active: AtomicUsize::new(0) }
+    }
+}
+
+impl Flights {
+    fn shard(&self, hash: u64) -> &Shard {
+        &self.shards[(hash % SHARDS as u64) as usize]
+    }
+
+    /// Whether a read of `hash` is in the air.
+    pub fn busy(&self, hash: u64) -> bool {
+        self.active.load(Ordering::Acquire) != 0 && self.shard(hash).lock().contains_key(&hash)
+    }
+
+    pub fn join(&self, hash: u64, key: &[u8]) -> Join<'_> {
+        let mut m = self.shard(hash).lock();
+        if let Some(f) = m.get(&hash) {
+            if &*f.key != key {
+                return Join::Alone;
+            }
+            f.followers.fetch_add(1, Ordering::Relaxed);
+            return Join::Follow(f.clone());
+        }
+        let flight = Arc::new(Flight {
+            key: key.into(),
+            followers: AtomicU32::new(0),
+            outcome: Mutex::new(None),
+            done: Condvar::new(),
+        });
+        m.insert(hash, flight.clone());
+        self.active.fetch_add(1, Ordering::AcqRel);
+        Join::Lead(Lead { flights: self, hash, flight, finished: false })
+    }
+}
+
+/// The leader's duty: publish an outcome exactly once, even if the read panics.
+pub(crate) struct Lead<'a> {
+    flights: &'a Flights,
+    hash: u64,
+    flight: Arc<Flight>,
+    finished: bool,
+}
+
+impl Lead<'_> {
+    /// Readers waiting on this flight so far.
+    pub fn followers(&self) -> u32 {
+        self.flight.followers.load(Ordering::Relaxed)
+    }
+
+    pub fn finish(mut self, outcome: &crate::Result<Found>) {
+        let o = match outcome {
+            Ok(found) => Ok(found.clone()),
+            Err(e) => Err((e.kind(), e.to_string())),
+        };
+        self.publish(o);
+    }
+
+    fn publish(&mut self, o: Outcome) {
+        self.finished = true;
+        // Unregister first: a reader arriving now reads for itself rather than waiting on a
+        // flight that has landed.
+        self.flights.shard(self.hash).lock().remove(&self.hash);
+        self.flights.active.fetch_sub(1, Ordering::AcqRel);
+        *self.flight.outcome.lock() = Some(o);
+        self.flight.done.notify_all();
+    }
+}
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.publish(Err((ErrorKind::Io, "the read this request was waiting on failed".into())));
+        }
+    }
+}
