@@ -3,11 +3,13 @@
 //! - `http`: an HTTP/1.1 keep-alive load generator for any server.
 //! - `engine`: larder's engine in-process, optionally side by side with foyer's HybridCache.
 //! - `memory`: the in-memory cache crates considered for the memory tier, side by side.
+//! - `hitratio`: larder's engine as a read-through cache under zipf: hit ratio per tier.
 //! - `compare`: starts larder and nginx, runs the standard suite against both, alternating.
 
 mod compare;
 mod engine;
 mod foyer_kv;
+mod hitratio;
 mod http;
 mod memory;
 mod report;
@@ -30,6 +32,8 @@ enum Command {
     Engine(engine::EngineArgs),
     /// Hit ratio and throughput of the in-memory cache crates larder could use.
     Memory(memory::MemoryArgs),
+    /// Hit ratios of larder's tiers under a zipf stream, per memory policy and disk policy.
+    Hitratio(hitratio::HitRatioArgs),
     /// Start larder and nginx and run the standard suite against both, alternating.
     Compare(compare::CompareArgs),
 }
@@ -41,6 +45,7 @@ fn main() {
         Command::Compare(args) => compare::run(args),
         Command::Engine(args) => engine::run(args),
         Command::Memory(args) => memory::run(args),
+        Command::Hitratio(args) => hitratio::run(args),
     };
     if let Err(e) = result {
         eprintln!("larder-bench: {e:#}");

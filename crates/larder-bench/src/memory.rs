@@ -142,20 +142,23 @@ fn key_bytes(buf: &mut Vec<u8>, k: u64) {
     let _ = write!(buf, "thumbs/{k:016x}.jpg");
 }
 
-struct Stream {
+/// A deterministic zipf stream of key numbers.
+pub struct Stream {
     zipf: Zipf<f64>,
     rng: SmallRng,
-    keys: u64,
+    scatter: crate::workload::Scatter,
 }
 
 impl Stream {
-    fn new(a: &MemoryArgs, seed: u64) -> Stream {
-        let zipf = Zipf::new(a.keys as f64, a.zipf).expect("valid zipf parameters");
-        Stream { zipf, rng: SmallRng::seed_from_u64(seed), keys: a.keys }
+    /// `keys` keys, exponent `s`, seeded.
+    pub fn new(keys: u64, s: f64, seed: u64) -> Stream {
+        let zipf = Zipf::new(keys as f64, s).expect("valid zipf parameters");
+        Stream { zipf, rng: SmallRng::seed_from_u64(seed), scatter: crate::workload::Scatter::new(keys) }
     }
-    fn next(&mut self) -> u64 {
+    /// The next key number.
+    pub fn next(&mut self) -> u64 {
         // Popular ranks scattered over the key space, as the http mode does.
-        (self.zipf.sample(&mut self.rng) as u64 - 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) % self.keys
+        self.scatter.key(self.zipf.sample(&mut self.rng) as u64 - 1)
     }
 }
 
@@ -193,7 +196,7 @@ pub fn run(a: MemoryArgs) -> Result<()> {
     let mut rows = Vec::new();
     for name in CANDIDATES {
         let mem = build(name, capacity, items).expect("known candidate");
-        let (mut stream, mut key, mut hits) = (Stream::new(&a, 1), Vec::new(), 0u64);
+        let (mut stream, mut key, mut hits) = (Stream::new(a.keys, a.zipf, 1), Vec::new(), 0u64);
         // Warm up with as many requests again, so the ratio is of a full cache.
         for i in 0..a.requests * 2 {
             key_bytes(&mut key, stream.next());
@@ -209,7 +212,8 @@ pub fn run(a: MemoryArgs) -> Result<()> {
                 .map(|t| {
                     let (mem, a, pool) = (mem.clone(), &a, pool.clone());
                     s.spawn(move || {
-                        let (mut stream, mut key, mut n) = (Stream::new(a, 100 + t as u64), Vec::new(), 0u64);
+                        let (mut stream, mut key, mut n) =
+                            (Stream::new(a.keys, a.zipf, 100 + t as u64), Vec::new(), 0u64);
                         while Instant::now() < deadline {
                             for _ in 0..256 {
                                 key_bytes(&mut key, stream.next());

@@ -128,6 +128,7 @@ pub struct Generator {
     w: Workload,
     rng: SmallRng,
     zipf: Option<Zipf<f64>>,
+    scatter: Scatter,
     counter: Arc<AtomicU64>,
 }
 
@@ -139,7 +140,7 @@ impl Generator {
             _ => None,
         };
         let rng = SmallRng::seed_from_u64(w.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        Generator { w: w.clone(), rng, zipf, counter }
+        Generator { w: w.clone(), rng, zipf, scatter: Scatter::new(w.keys), counter }
     }
 
     fn key(&mut self) -> u64 {
@@ -150,7 +151,7 @@ impl Generator {
             Dist::Zipf(_) => {
                 let rank = self.zipf.as_ref().expect("zipf").sample(&mut self.rng) as u64 - 1;
                 // Scatter the popular ranks over the key space so hot keys are not neighbours.
-                self.w.start + rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys
+                self.w.start + self.scatter.key(rank)
             }
         }
     }
@@ -176,6 +177,39 @@ impl Generator {
     }
 }
 
+/// Maps popularity ranks (0-based, below `keys`) to key numbers, one to one, so that popular
+/// keys are spread over the key space instead of being neighbours.
+#[derive(Debug, Clone, Copy)]
+pub struct Scatter {
+    keys: u64,
+    mult: u64,
+}
+
+impl Scatter {
+    /// The permutation of `0..keys`.
+    pub fn new(keys: u64) -> Scatter {
+        let keys = keys.max(1);
+        // Multiplication by a number coprime to `keys` permutes 0..keys.
+        let mut mult = 0x9E37_79B9_7F4A_7C15u64 % keys;
+        while gcd(mult, keys) != 1 {
+            mult += 1;
+        }
+        Scatter { keys, mult }
+    }
+
+    /// The key number of `rank`.
+    pub fn key(&self, rank: u64) -> u64 {
+        ((rank as u128 * self.mult as u128) % self.keys as u128) as u64
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 /// The value size of key `k` within `size`.
 pub fn size_of(size: Size, k: u64) -> usize {
     if size.min == size.max {
@@ -196,6 +230,18 @@ pub fn value_pool(max: usize, seed: u64) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scatter_is_a_permutation() {
+        for keys in [1u64, 2, 10, 1000, 20_000, 65_536, 99_991] {
+            let mut seen = vec![false; keys as usize];
+            for r in 0..keys {
+                let k = Scatter::new(keys).key(r) as usize;
+                assert!(!seen[k], "{keys} keys: {k} twice");
+                seen[k] = true;
+            }
+        }
+    }
 
     fn workload(kind: Kind, dist: &str) -> Workload {
         Workload {

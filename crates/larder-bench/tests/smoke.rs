@@ -115,3 +115,38 @@ fn compare_runs_the_whole_suite_against_larder_and_nginx() {
         serde_json::from_slice(&std::fs::read(out_base.with_extension("json")).unwrap()).unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 8 * 2 * 2);
 }
+
+#[test]
+fn memory_mode_compares_the_cache_crates() {
+    let out = run_ok(bench().args(["memory", "--keys", "2000", "--requests", "20000", "--duration", "200ms"]));
+    for name in ["foyer sieve", "quick_cache", "moka tinylfu"] {
+        assert!(out.contains(name), "{name} missing from:\n{out}");
+    }
+    // A zipf(0.99) stream over a cache a tenth of the key space hits well above a tenth.
+    let line = out.lines().find(|l| l.starts_with("| quick_cache")).expect("quick_cache row");
+    let ratio: f64 = line.split('|').nth(2).unwrap().trim().parse().unwrap();
+    assert!(ratio > 0.3 && ratio < 1.0, "{line}");
+}
+
+#[test]
+fn hitratio_mode_reports_every_policy_and_fifo() {
+    // As the benchmark itself does: a memory file system, where hint files' fsyncs do not hold
+    // up the background thread that also reinserts.
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
+    let out = run_ok(
+        bench()
+            .args(["hitratio", "--keys", "3000", "--warmup", "30000", "--requests", "20000", "--json"])
+            .args(["--dir".as_ref(), dir.path().as_os_str()]),
+    );
+    let start = out.find('[').expect("JSON array");
+    let rows: serde_json::Value = serde_json::from_str(&out[start..out.rfind(']').unwrap() + 1]).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 7, "six memory policies and plain FIFO");
+    for r in rows {
+        let (m, o) = (r["memory_hit_ratio"].as_f64().unwrap(), r["overall_hit_ratio"].as_f64().unwrap());
+        assert!(m > 0.0 && m <= o && o < 1.0, "{r}");
+    }
+    assert_eq!(rows[6]["reinsert_min_hits"].as_u64(), Some(0));
+    assert!(rows[0]["reinserted"].as_u64().unwrap() > 0, "the ring turned and reinserted: {}", rows[0]);
+}

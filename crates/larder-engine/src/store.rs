@@ -166,6 +166,8 @@ pub struct Stats {
     pub reinsert_over_budget: u64,
     /// Qualifying entries not copied because they changed or vanished meanwhile.
     pub reinsert_skipped: u64,
+    /// Qualifying entries not copied because the memory tier holds their key.
+    pub reinsert_in_memory: u64,
     /// Reads whose record failed its checksum (answered as misses).
     pub corrupt_reads: u64,
     /// Times the ring moved to the next slot.
@@ -191,6 +193,7 @@ struct Counters {
     reinserted_bytes: AtomicU64,
     reinsert_over_budget: AtomicU64,
     reinsert_skipped: AtomicU64,
+    reinsert_in_memory: AtomicU64,
     corrupt_reads: AtomicU64,
     rotations: AtomicU64,
     evicted_entries: AtomicU64,
@@ -569,30 +572,28 @@ impl Shared {
         c.reinsert_candidates.fetch_add(cands.len() as u64, Ordering::Relaxed);
         cands.sort_unstable_by_key(|&(_, l)| (std::cmp::Reverse(l.hits), l.offset));
         let budget = (self.cfg.volume_size as f64 * self.cfg.reinsert_share.clamp(0.0, 1.0)) as u64;
-        let mut spent = 0;
-        // A record's size class bounds its length from above, so the budget is never exceeded.
-        let take = cands
-            .iter()
-            .take_while(|(_, l)| {
-                spent += record::size_class_bytes(l.class);
-                spent <= budget
-            })
-            .count();
-        c.reinsert_over_budget.fetch_add((cands.len() - take) as u64, Ordering::Relaxed);
-        cands.truncate(take);
-        cands.sort_unstable_by_key(|&(_, l)| l.offset); // front to back through the volume
-        let now = now_ms();
+        let (mut spent, now) = (0, now_ms());
         let (mut batch, mut batch_bytes) = (Vec::new(), 0);
-        for (hash, loc) in cands {
-            match self.fetch(hash, loc, false) {
-                Ok(Fetch::Record(r)) if !r.header.is_tombstone() && !r.expired(now) => {
-                    batch_bytes += r.buf.len();
-                    batch.push((hash, loc, r));
-                }
+        for (i, &(hash, loc)) in cands.iter().enumerate() {
+            let r = match self.fetch(hash, loc, false) {
+                Ok(Fetch::Record(r)) if !r.header.is_tombstone() && !r.expired(now) => r,
                 _ => {
                     c.reinsert_skipped.fetch_add(1, Ordering::Relaxed);
+                    continue;
                 }
+            };
+            // Memory answers for a key it holds: the disk's budget goes to keys it does not.
+            if self.memory.as_ref().is_some_and(|m| m.contains(r.key())) {
+                c.reinsert_in_memory.fetch_add(1, Ordering::Relaxed);
+                continue;
             }
+            spent += record::padded(r.header.record_len());
+            if spent > budget {
+                c.reinsert_over_budget.fetch_add((cands.len() - i) as u64, Ordering::Relaxed);
+                break;
+            }
+            batch_bytes += r.buf.len();
+            batch.push((hash, loc, r));
             // Small batches: puts wait for the writer lock while a batch is appended.
             if batch_bytes >= 256 << 10 {
                 self.copy_forward(&mut batch);
@@ -1145,6 +1146,7 @@ impl Store {
             reinserted_bytes: c.reinserted_bytes.load(Ordering::Relaxed),
             reinsert_over_budget: c.reinsert_over_budget.load(Ordering::Relaxed),
             reinsert_skipped: c.reinsert_skipped.load(Ordering::Relaxed),
+            reinsert_in_memory: c.reinsert_in_memory.load(Ordering::Relaxed),
             corrupt_reads: c.corrupt_reads.load(Ordering::Relaxed),
             rotations: c.rotations.load(Ordering::Relaxed),
             evicted_entries: c.evicted_entries.load(Ordering::Relaxed),
