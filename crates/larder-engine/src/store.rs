@@ -1226,7 +1226,7 @@ mod tests {
         let shared = after.coalesced_reads - before.coalesced_reads;
         assert_eq!(reads + shared, 64);
         assert!(reads <= 2, "{reads} disk reads for 64 concurrent gets");
-        // try_get never waits on a flight: with none in the air it reads from the page cache.
+        // With no flight in the air, try_get answers inline from the page cache.
         assert!(store.try_get(b"cold").unwrap().is_some());
     }
 }
