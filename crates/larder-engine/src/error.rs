@@ -13,6 +13,10 @@ pub enum ErrorKind {
     TooLarge,
     /// The key is empty or longer than 1024 bytes.
     InvalidKey,
+    /// Another argument is out of bounds (a content type longer than the limit).
+    Invalid,
+    /// A write's precondition did not hold; nothing was stored.
+    PreconditionFailed,
     /// On-disk data is not what larder wrote (bad manifest or header) and cannot be used.
     Corrupt,
     /// Another process holds the data directory.

@@ -20,6 +20,8 @@ pub mod index;
 pub mod io;
 pub mod manifest;
 pub mod memory;
+pub mod meta;
+mod ops;
 pub mod record;
 pub mod recovery;
 mod store;
@@ -27,4 +29,5 @@ pub mod volume;
 
 pub use error::{Error, ErrorKind, Result};
 pub use memory::{Eviction, MemoryConfig};
-pub use store::{now_ms, FsyncPolicy, Position, Stats, Store, StoreConfig, Tier, Value, MIN_VOLUME_SIZE};
+pub use ops::{ByteRange, Part, Precondition, PutOptions, Version};
+pub use store::{now_ms, FsyncPolicy, Position, Stats, Store, StoreConfig, Stored, Tier, Value, MIN_VOLUME_SIZE};

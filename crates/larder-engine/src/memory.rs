@@ -102,6 +102,9 @@ pub(crate) struct Cached {
     pub position: Position,
     pub stored_ms: u64,
     pub expiry_ms: u64,
+    /// CRC32C of `data`.
+    pub crc: u32,
+    pub content_type: Option<Bytes>,
 }
 
 /// Charged per entry on top of key and value bytes: the cache's node, the key's and value's
@@ -109,7 +112,7 @@ pub(crate) struct Cached {
 const ENTRY_OVERHEAD: usize = 96;
 
 fn weight(key: &[u8], c: &Cached) -> usize {
-    key.len() + c.data.len() + ENTRY_OVERHEAD
+    key.len() + c.data.len() + c.content_type.as_ref().map_or(0, |t| t.len()) + ENTRY_OVERHEAD
 }
 
 // foyer's weighter is a `Fn(&K, &V)`, and K is `Box<[u8]>`.

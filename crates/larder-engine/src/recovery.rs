@@ -485,7 +485,8 @@ mod tests {
 
     fn rec(key: &[u8], value: &[u8], generation: u32) -> Vec<u8> {
         let mut b = Vec::new();
-        let h = Header { flags: 0, key_len: 0, value_len: 0, meta_len: 0, generation, stored_ms: 0, expiry_ms: 0 };
+        let h =
+            Header { flags: 0, key_len: 0, value_len: 0, meta_len: 0, generation, stored_ms: 0, expiry_ms: 0, crc: 0 };
         record::encode_into(&mut b, &h, key, b"", value, SALT);
         b
     }
@@ -555,7 +556,16 @@ mod tests {
         // A client stores bytes that form a perfect record of key "victim" (under some other
         // salt): after damage before it, resync must not find it.
         let mut forged = Vec::new();
-        let h = Header { flags: 0, key_len: 0, value_len: 0, meta_len: 0, generation: 1, stored_ms: 0, expiry_ms: 0 };
+        let h = Header {
+            flags: 0,
+            key_len: 0,
+            value_len: 0,
+            meta_len: 0,
+            generation: 1,
+            stored_ms: 0,
+            expiry_ms: 0,
+            crc: 0,
+        };
         record::encode_into(&mut forged, &h, b"victim", b"", b"forged", SALT ^ 0xdead);
         let (mut a, c) = (rec(b"8bytekey", &forged, 1), rec(b"c", b"3", 1)); // value 8-aligned
         a[14] ^= 0x7f; // damage a's header: the scan must resync

@@ -14,6 +14,8 @@
 use crate::flight::{Flights, Found, Join};
 use crate::index::{Index, Loc, MAX_HITS, MAX_SLOTS, MAX_VOLUME_SIZE, TAG_MASK};
 use crate::memory::{Cached, Memory, MemoryConfig};
+use crate::meta::{self, Meta};
+use crate::ops::{Part, Precondition, PutOptions, Version};
 use crate::record::{self, Header, FLAG_TOMBSTONE, HEADER_LEN, MAX_KEY_LEN};
 use crate::recovery::{self, RecoveryReport};
 use crate::volume::{hint_path, volume_path, VolumeHeader, VOLUME_HEADER_LEN};
@@ -99,11 +101,28 @@ pub struct Position {
     pub size: u64,
 }
 
+/// What a put stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stored {
+    /// Where the record was written.
+    pub position: Position,
+    /// The new value's version.
+    pub version: Version,
+}
+
 /// A value read from the store.
 #[derive(Debug, Clone)]
 pub struct Value {
-    /// The value bytes.
+    /// The bytes asked for: the whole value, a range of it (starting at `start`), or none.
     pub data: Bytes,
+    /// Offset of `data` in the value.
+    pub start: u64,
+    /// Length of the whole value in bytes.
+    pub len: u64,
+    /// CRC32C of the whole value.
+    pub crc: u32,
+    /// The content type stored with the value, if any.
+    pub content_type: Option<Bytes>,
     /// Where its record lives.
     pub position: Position,
     /// When it was stored, ms since the Unix epoch.
@@ -114,6 +133,48 @@ pub struct Value {
     /// when it was promoted (reinsertion may have moved the record since).
     pub tier: Tier,
 }
+
+impl Value {
+    /// The stored value's version, a strong validator.
+    pub fn version(&self) -> Version {
+        Version { len: self.len, crc: self.crc, stored_ms: self.stored_ms }
+    }
+
+    fn from_cached(c: Cached) -> Value {
+        let Cached { data, position, stored_ms, expiry_ms, crc, content_type } = c;
+        let (start, len) = (0, data.len() as u64);
+        Value { data, start, len, crc, content_type, position, stored_ms, expiry_ms, tier: Tier::Memory }
+    }
+
+    /// Narrows `data`, the whole value, to `part`.
+    fn narrow(mut self, part: Part) -> Value {
+        let (start, end) = match part {
+            Part::Whole => (0, self.len),
+            Part::Nothing => (0, 0),
+            Part::Range(r) => r.resolve(self.len).unwrap_or((0, 0)),
+        };
+        self.data = self.data.slice(start as usize..end as usize);
+        self.start = start;
+        self
+    }
+
+    /// What the memory tier keeps of a whole value: exact-size copies, so that it never holds
+    /// on to a larger read buffer.
+    fn to_cached(&self) -> Cached {
+        Cached {
+            data: Bytes::copy_from_slice(&self.data),
+            position: self.position,
+            stored_ms: self.stored_ms,
+            expiry_ms: self.expiry_ms,
+            crc: self.crc,
+            content_type: self.content_type.as_deref().map(Bytes::copy_from_slice),
+        }
+    }
+}
+
+/// Bytes read first for a part of a large record: header, longest key and metadata fit.
+const PREFIX_READ: usize = 8192;
+const _: () = assert!(HEADER_LEN + MAX_KEY_LEN + record::MAX_META_LEN <= PREFIX_READ);
 
 /// Counters and gauges of a store.
 #[derive(Debug, Clone, Default)]
@@ -515,45 +576,188 @@ impl Shared {
 
     /// Reads and verifies the record at `loc`.
     fn fetch(&self, hash: u64, loc: Loc, nowait: bool) -> Result<Fetch> {
-        let sh = self;
-        let slot = &sh.slots[loc.slot as usize];
-        let (Some(generation), Some(file)) = (sh.live_generation(loc), slot.file.get()) else {
+        let slot = &self.slots[loc.slot as usize];
+        let (Some(generation), Some(file)) = (self.live_generation(loc), slot.file.get()) else {
             return Ok(Fetch::Gone);
         };
         let salt = slot.salt.load(Ordering::Acquire);
         let mut buf = vec![0u8; record::size_class_bytes(loc.class) as usize];
-        let n = if nowait {
-            match io::read_cached_at_most(file, &mut buf, loc.offset) {
-                Ok(Some(n)) => n,
-                Ok(None) => return Ok(Fetch::WouldBlock),
-                Err(e) => return Err(Error::io("reading a record", e)),
-            }
-        } else {
-            io::read_at_most(file, &mut buf, loc.offset).map_err(|e| Error::io("reading a record", e))?
-        };
-        sh.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
+        let Some(n) = read(file, &mut buf, loc.offset, nowait)? else { return Ok(Fetch::WouldBlock) };
+        self.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
         buf.truncate(n);
         let (header, value) = match record::decode(&buf, salt) {
             Ok(r) => (r.header, r.value_range),
             Err(err) => {
-                // A slot reused under our feet explains any garbage; otherwise it is damage.
-                if slot.generation.load(Ordering::Acquire) == generation {
-                    sh.counters.corrupt_reads.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        volume = loc.slot,
-                        offset = loc.offset,
-                        ?err,
-                        "record failed verification; answered as a miss"
-                    );
-                    sh.index.remove_if_eq(hash, loc);
-                }
+                self.damaged(hash, loc, generation, err);
                 return Ok(Fetch::Gone);
             }
         };
         if header.generation != generation {
             return Ok(Fetch::Gone);
         }
-        Ok(Fetch::Record(Record { buf, header, value }))
+        let value_crc = record::value_crc(&buf, &header, salt);
+        Ok(Fetch::Record(Record { buf, header, value, value_crc }))
+    }
+
+    /// A record at `loc` failed verification. A slot reused under the reader explains any
+    /// garbage; otherwise it is damage: counted, logged, and answered as a miss from now on.
+    fn damaged(&self, hash: u64, loc: Loc, generation: u32, err: impl std::fmt::Debug) {
+        if self.slots[loc.slot as usize].generation.load(Ordering::Acquire) == generation {
+            self.counters.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                volume = loc.slot,
+                offset = loc.offset,
+                ?err,
+                "record failed verification; answered as a miss"
+            );
+            self.index.remove_if_eq(hash, loc);
+        }
+    }
+
+    /// The value of `key` in a verified record read from `loc`, or `None` when the record is
+    /// another key's, a tombstone, or expired (an expired entry is dropped from the index).
+    fn value_of(&self, hash: u64, loc: Loc, key: &[u8], rec: Record) -> Option<Value> {
+        let h = rec.header;
+        if rec.key() != key || h.is_tombstone() {
+            return None;
+        }
+        if rec.expired(now_ms()) {
+            self.index.remove_if_eq(hash, loc);
+            return None;
+        }
+        let meta_at = HEADER_LEN + h.key_len as usize..rec.value.0;
+        let buf = Bytes::from(rec.buf);
+        let content_type = Meta::parse(&buf[meta_at]).content_type.map(|t| buf.slice_ref(t));
+        Some(Value {
+            data: buf.slice(rec.value.0..rec.value.1),
+            start: 0,
+            len: h.value_len as u64,
+            crc: rec.value_crc,
+            content_type,
+            position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
+            stored_ms: h.stored_ms,
+            expiry_ms: h.expiry_ms,
+            tier: Tier::Disk,
+        })
+    }
+
+    /// Reads `part` of the value of `key` at `loc`. A small record is read and verified whole.
+    /// Of a large one only the front (header, key and metadata, verified by their own
+    /// checksums) is read, then just the blocks that hold the range, each verified against
+    /// its block checksum: a range or a HEAD of a large value never reads all of it.
+    fn fetch_part(&self, hash: u64, loc: Loc, key: &[u8], part: Part, nowait: bool) -> Result<Got> {
+        let class = record::size_class_bytes(loc.class) as usize;
+        if part == Part::Whole || class <= PREFIX_READ {
+            return Ok(match self.fetch(hash, loc, nowait)? {
+                Fetch::WouldBlock => Got::WouldBlock,
+                Fetch::Gone => Got::Gone,
+                Fetch::Record(r) => self.value_of(hash, loc, key, r).map_or(Got::Gone, |v| Got::Value(v.narrow(part))),
+            });
+        }
+        let slot = &self.slots[loc.slot as usize];
+        let (Some(generation), Some(file)) = (self.live_generation(loc), slot.file.get()) else {
+            return Ok(Got::Gone);
+        };
+        let salt = slot.salt.load(Ordering::Acquire);
+        let mut front = vec![0u8; PREFIX_READ];
+        let Some(n) = read(file, &mut front, loc.offset, nowait)? else { return Ok(Got::WouldBlock) };
+        self.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
+        front.truncate(n);
+        let (h, meta_block) = match record::decode_prefix(&front, salt) {
+            Ok(x) => x,
+            Err(err) => {
+                self.damaged(hash, loc, generation, err);
+                return Ok(Got::Gone);
+            }
+        };
+        if h.generation != generation || &front[HEADER_LEN..HEADER_LEN + h.key_len as usize] != key || h.is_tombstone()
+        {
+            return Ok(Got::Gone);
+        }
+        if h.expiry_ms != 0 && h.expiry_ms <= now_ms() {
+            self.index.remove_if_eq(hash, loc);
+            return Ok(Got::Gone);
+        }
+        let len = h.value_len as u64;
+        let meta = Meta::parse(meta_block);
+        let (start, end) = match part {
+            Part::Range(r) => r.resolve(len).unwrap_or((0, 0)),
+            _ => (0, 0),
+        };
+        let data = if start == end {
+            Bytes::new()
+        } else {
+            let Some(blocks) = meta.blocks(len) else {
+                // A value without block checksums is verified whole.
+                return self.fetch_part(hash, loc, key, Part::Whole, nowait).map(|g| match g {
+                    Got::Value(v) => Got::Value(v.narrow(part)),
+                    other => other,
+                });
+            };
+            let size = blocks.size();
+            let (first, last) = (start / size, (end - 1) / size);
+            let (from, to) = (first * size, ((last + 1) * size).min(len));
+            let value_at = loc.offset + (HEADER_LEN + h.key_len as usize + h.meta_len as usize) as u64;
+            let mut buf = vec![0u8; (to - from) as usize];
+            let Some(n) = read(file, &mut buf, value_at + from, nowait)? else { return Ok(Got::WouldBlock) };
+            if n < buf.len() {
+                self.damaged(hash, loc, generation, record::DecodeError::Short);
+                return Ok(Got::Gone);
+            }
+            for (i, block) in buf.chunks(size as usize).enumerate() {
+                if crc32c::crc32c(block) != blocks.crc(first + i as u64) {
+                    self.damaged(hash, loc, generation, record::DecodeError::BadBody);
+                    return Ok(Got::Gone);
+                }
+            }
+            Bytes::from(buf).slice((start - from) as usize..(end - from) as usize)
+        };
+        Ok(Got::Value(Value {
+            data,
+            start,
+            len,
+            crc: record::value_crc(&front, &h, salt),
+            content_type: meta.content_type.map(Bytes::copy_from_slice),
+            position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
+            stored_ms: h.stored_ms,
+            expiry_ms: h.expiry_ms,
+            tier: Tier::Disk,
+        }))
+    }
+
+    /// The current version of `key`, for a conditional write; called under the writer lock,
+    /// so no other write changes it before the caller's append.
+    fn current_version(&self, hash: u64, key: &[u8]) -> Result<Option<Version>> {
+        if let Some(loc) = self.index.get(hash) {
+            if let Got::Value(v) = self.fetch_part(hash, loc, key, Part::Nothing, false)? {
+                return Ok(Some(v.version()));
+            }
+        }
+        // Memory may hold a value whose record the ring has overwritten. Deletes drop keys
+        // from memory under the writer lock, so what it holds here is current.
+        let now = now_ms();
+        let cached = self.memory.as_ref().and_then(|m| m.get(key));
+        Ok(cached.filter(|c| c.expiry_ms == 0 || c.expiry_ms > now).map(|c| Version {
+            len: c.data.len() as u64,
+            crc: c.crc,
+            stored_ms: c.stored_ms,
+        }))
+    }
+
+    /// Fails unless every precondition holds for the current value of `key`. Under the writer lock.
+    fn check(&self, hash: u64, key: &[u8], preconditions: &[Precondition]) -> Result<()> {
+        if preconditions.is_empty() {
+            return Ok(());
+        }
+        let current = self.current_version(hash, key)?;
+        let Some(failed) = preconditions.iter().find(|p| !p.holds(current)) else { return Ok(()) };
+        let why = match (failed, current) {
+            (Precondition::Absent, _) => "the key already has a value",
+            (_, None) => "the key has no value",
+            (Precondition::NoneOf(_), Some(_)) => "the key's current version is one of those given",
+            (_, Some(_)) => "the key's current version is not one of those given",
+        };
+        Err(Error::new(ErrorKind::PreconditionFailed, why))
     }
 
     /// Copies the entries of `slot` (the next volume the ring overwrites) that were read at
@@ -618,8 +822,7 @@ impl Shared {
                 c.reinsert_skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let value = r.value();
-            match self.append(&mut w, r.header, r.key(), r.meta(), value, crc32c::crc32c(value)) {
+            match self.append(&mut w, r.header, r.key(), r.meta(), r.value(), r.value_crc) {
                 Ok((pos, new)) => {
                     self.index.replace_if_eq(hash, old, new);
                     c.reinserted.fetch_add(1, Ordering::Relaxed);
@@ -687,6 +890,8 @@ struct Record {
     buf: Vec<u8>,
     header: Header,
     value: (usize, usize),
+    /// CRC32C of the value.
+    value_crc: u32,
 }
 
 impl Record {
@@ -702,6 +907,21 @@ impl Record {
     fn expired(&self, now: u64) -> bool {
         self.header.expiry_ms != 0 && self.header.expiry_ms <= now
     }
+}
+
+/// Reads into `buf` at `offset`; `Ok(None)` if `nowait` and the read would wait for the device.
+fn read(file: &File, buf: &mut [u8], offset: u64, nowait: bool) -> Result<Option<usize>> {
+    let r =
+        if nowait { io::read_cached_at_most(file, buf, offset) } else { io::read_at_most(file, buf, offset).map(Some) };
+    r.map_err(|e| Error::io("reading a record", e))
+}
+
+/// What a read of part of a value found.
+enum Got {
+    Value(Value),
+    /// Absent, expired, another key's record, or damaged.
+    Gone,
+    WouldBlock,
 }
 
 enum Fetch {
@@ -720,7 +940,7 @@ pub struct Store {
 
 /// A header stamped now; `append` sets the generation and the encoder the lengths.
 fn new_header(flags: u16) -> Header {
-    Header { flags, key_len: 0, value_len: 0, meta_len: 0, generation: 0, stored_ms: now_ms(), expiry_ms: 0 }
+    Header { flags, key_len: 0, value_len: 0, meta_len: 0, generation: 0, stored_ms: now_ms(), expiry_ms: 0, crc: 0 }
 }
 
 fn check_key(key: &[u8]) -> Result<()> {
@@ -872,7 +1092,13 @@ impl Store {
     ///
     /// Returns once the record is written (and, with `FsyncPolicy::Always`, durable).
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<Position> {
-        Ok(self.put_inner(key, value, true)?.expect("a put that may wait completes"))
+        Ok(self.put_with(key, value, &PutOptions::default())?.position)
+    }
+
+    /// Stores `value` under `key` with an expiry, a content type and preconditions (checked
+    /// atomically with the write; `ErrorKind::PreconditionFailed` when one does not hold).
+    pub fn put_with(&self, key: &[u8], value: &[u8], opts: &PutOptions<'_>) -> Result<Stored> {
+        Ok(self.put_inner(key, value, opts, true)?.expect("a put that may wait completes"))
     }
 
     /// Like [`Store::put`], but answers `Ok(None)`, having written nothing, where `put` would
@@ -880,7 +1106,14 @@ impl Store {
     /// fdatasync (`FsyncPolicy::Always`). An async caller runs the quick common case inline
     /// and moves only the rest to a blocking thread.
     pub fn try_put(&self, key: &[u8], value: &[u8]) -> Result<Option<Position>> {
-        self.put_inner(key, value, false)
+        Ok(self.put_inner(key, value, &PutOptions::default(), false)?.map(|s| s.position))
+    }
+
+    /// [`Store::put_with`] that does not wait (see [`Store::try_put`]). A put with
+    /// preconditions reads the current value under the writer lock, so it always answers
+    /// `Ok(None)` here.
+    pub fn try_put_with(&self, key: &[u8], value: &[u8], opts: &PutOptions<'_>) -> Result<Option<Stored>> {
+        self.put_inner(key, value, opts, false)
     }
 
     /// The writer lock, unless `wait` is false and taking it (or appending `need` bytes) could
@@ -897,7 +1130,7 @@ impl Store {
         (w.offset + need <= sh.cfg.volume_size).then_some(w)
     }
 
-    fn put_inner(&self, key: &[u8], value: &[u8], wait: bool) -> Result<Option<Position>> {
+    fn put_inner(&self, key: &[u8], value: &[u8], opts: &PutOptions<'_>, wait: bool) -> Result<Option<Stored>> {
         check_key(key)?;
         let sh = &*self.shared;
         if value.len() as u64 > sh.cfg.max_value_size {
@@ -906,19 +1139,33 @@ impl Store {
                 format!("value of {} bytes exceeds the limit of {} bytes", value.len(), sh.cfg.max_value_size),
             ));
         }
-        let record_len = record::padded((HEADER_LEN + key.len() + value.len()) as u64);
+        if let Some(t) = opts.content_type.filter(|t| t.len() > meta::MAX_CONTENT_TYPE) {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("content type of {} bytes exceeds the limit of {} bytes", t.len(), meta::MAX_CONTENT_TYPE),
+            ));
+        }
+        if !wait && !opts.preconditions.is_empty() {
+            return Ok(None);
+        }
+        // Outside the writer lock: one pass over the value for its checksum and, when it is
+        // large, the block checksums a range read verifies.
+        let (value_crc, blocks) = meta::checksum(value);
+        let mut meta_block = Vec::new();
+        meta::encode(&mut meta_block, opts.content_type, blocks.as_ref());
+        let record_len = record::padded((HEADER_LEN + key.len() + meta_block.len() + value.len()) as u64);
         if VOLUME_HEADER_LEN + record_len > sh.cfg.volume_size || value.len() > u32::MAX as usize {
             return Err(Error::new(
                 ErrorKind::TooLarge,
                 format!("value of {} bytes does not fit in a volume of {} bytes", value.len(), sh.cfg.volume_size),
             ));
         }
-        let value_crc = crc32c::crc32c(value);
         let hash = sh.hash(key);
-        let header = new_header(0);
+        let header = Header { expiry_ms: opts.expiry_ms, ..new_header(0) };
         let (pos, loc, seq) = {
             let Some(mut w) = self.writer(wait, record_len) else { return Ok(None) };
-            let (pos, loc) = sh.append(&mut w, header, key, b"", value, value_crc)?;
+            sh.check(hash, key, opts.preconditions)?;
+            let (pos, loc) = sh.append(&mut w, header, key, &meta_block, value, value_crc)?;
             // A colliding key loses its entry here: it becomes a miss, never a wrong value.
             sh.index.insert(hash, loc);
             (pos, loc, w.appended)
@@ -932,6 +1179,8 @@ impl Store {
                     position: pos,
                     stored_ms: header.stored_ms,
                     expiry_ms: header.expiry_ms,
+                    crc: value_crc,
+                    content_type: opts.content_type.map(Bytes::copy_from_slice),
                 };
                 m.put_if(hash, key, cached, || sh.index.get(hash).is_some_and(|l| l.same_place(loc)));
             } else {
@@ -942,7 +1191,8 @@ impl Store {
             sh.wait_durable(seq)?;
         }
         sh.counters.puts.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(pos))
+        let version = Version { len: value.len() as u64, crc: value_crc, stored_ms: header.stored_ms };
+        Ok(Some(Stored { position: pos, version }))
     }
 
     /// Reads the value of `key`; `Ok(None)` when absent, expired, evicted or unreadable.
@@ -961,20 +1211,67 @@ impl Store {
         self.get_inner(key, false)
     }
 
+    /// Reads `part` of the value of `key` (see [`Part`]); `Part::Whole` is [`Store::get`].
+    /// Partial reads are not shared between threads and do not count towards promotion to
+    /// memory (memory holds whole values), but a range read counts towards reinsertion.
+    pub fn get_part(&self, key: &[u8], part: Part) -> Result<Option<Value>> {
+        Ok(self.get_part_inner(key, part, true)?.expect("a get that may wait completes"))
+    }
+
+    /// [`Store::get_part`] that answers `Ok(None)` where it would wait for the device.
+    pub fn try_get_part(&self, key: &[u8], part: Part) -> Result<Option<Option<Value>>> {
+        self.get_part_inner(key, part, false)
+    }
+
+    fn get_part_inner(&self, key: &[u8], part: Part, wait: bool) -> Result<Option<Option<Value>>> {
+        if part == Part::Whole {
+            return self.get_inner(key, wait);
+        }
+        check_key(key)?;
+        let sh = &*self.shared;
+        let hash = sh.hash(key);
+        if let Some(v) = self.memory_hit(hash, key) {
+            return Ok(Some(Some(v.narrow(part))));
+        }
+        let found = match sh.index.get(hash) {
+            None => None,
+            Some(loc) => match sh.fetch_part(hash, loc, key, part, !wait)? {
+                Got::WouldBlock => return Ok(None),
+                Got::Gone => None,
+                Got::Value(v) => {
+                    if matches!(part, Part::Range(_)) && sh.cfg.reinsert_min_hits > 0 {
+                        sh.index.count_read(hash, loc, sh.cfg.reinsert_min_hits);
+                    }
+                    Some(v)
+                }
+            },
+        };
+        let c = if found.is_some() { &sh.counters.hits } else { &sh.counters.misses };
+        c.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(found))
+    }
+
+    /// A memory hit, counted; an expired entry is dropped.
+    fn memory_hit(&self, hash: u64, key: &[u8]) -> Option<Value> {
+        let sh = &*self.shared;
+        let m = sh.memory.as_ref()?;
+        let c = m.get(key)?;
+        if c.expiry_ms != 0 && c.expiry_ms <= now_ms() {
+            m.invalidate(hash, key);
+            return None;
+        }
+        m.hits.fetch_add(1, Ordering::Relaxed);
+        sh.counters.hits.fetch_add(1, Ordering::Relaxed);
+        Some(Value::from_cached(c))
+    }
+
     fn get_inner(&self, key: &[u8], wait: bool) -> Result<Option<Option<Value>>> {
         check_key(key)?;
         let sh = &*self.shared;
-        if let Some(m) = &sh.memory {
-            if let Some(c) = m.get(key) {
-                if c.expiry_ms == 0 || c.expiry_ms > now_ms() {
-                    m.hits.fetch_add(1, Ordering::Relaxed);
-                    sh.counters.hits.fetch_add(1, Ordering::Relaxed);
-                    let Cached { data, position, stored_ms, expiry_ms } = c;
-                    return Ok(Some(Some(Value { data, position, stored_ms, expiry_ms, tier: Tier::Memory })));
-                }
-            }
-        }
         let hash = sh.hash(key);
+        if let Some(v) = self.memory_hit(hash, key) {
+            return Ok(Some(Some(v)));
+        }
         // `reads` is how many gets this read answers, for admission; 0 = counted elsewhere.
         let (found, reads) = if wait {
             match sh.flights.join(hash, key) {
@@ -1027,13 +1324,7 @@ impl Store {
             return;
         }
         // An exact-size copy: the read buffer also holds the header and padding.
-        let cached = Cached {
-            data: Bytes::copy_from_slice(&v.data),
-            position: v.position,
-            stored_ms: v.stored_ms,
-            expiry_ms: v.expiry_ms,
-        };
-        if m.put_if(hash, key, cached, || sh.index.get(hash).is_some_and(|l| l.same_place(loc))) {
+        if m.put_if(hash, key, v.to_cached(), || sh.index.get(hash).is_some_and(|l| l.same_place(loc))) {
             m.promotions.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -1042,50 +1333,54 @@ impl Store {
     /// would wait for the device.
     fn read_disk(&self, hash: u64, key: &[u8], nowait: bool) -> Result<Option<Found>> {
         let Some(loc) = self.shared.index.get(hash) else { return Ok(Some(None)) };
-        let rec = match self.shared.fetch(hash, loc, nowait)? {
-            Fetch::WouldBlock => return Ok(None),
-            Fetch::Gone => return Ok(Some(None)),
-            Fetch::Record(r) => r,
-        };
-        let h = &rec.header;
-        if rec.key() != key || h.is_tombstone() || (h.expiry_ms != 0 && h.expiry_ms <= now_ms()) {
-            return Ok(Some(None));
-        }
-        let position = Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() };
-        let (stored_ms, expiry_ms) = (h.stored_ms, h.expiry_ms);
-        let data = Bytes::from(rec.buf).slice(rec.value.0..rec.value.1);
-        Ok(Some(Some((Value { data, position, stored_ms, expiry_ms, tier: Tier::Disk }, loc))))
+        Ok(match self.shared.fetch_part(hash, loc, key, Part::Whole, nowait)? {
+            Got::WouldBlock => None,
+            Got::Gone => Some(None),
+            Got::Value(v) => Some(Some((v, loc))),
+        })
     }
 
     /// Deletes `key`; returns whether it was present.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
-        Ok(self.delete_inner(key, true)?.expect("a delete that may wait completes"))
+        self.delete_if(key, &[])
+    }
+
+    /// Deletes `key` if every precondition holds for its current value (checked atomically
+    /// with the delete); `ErrorKind::PreconditionFailed` otherwise.
+    pub fn delete_if(&self, key: &[u8], preconditions: &[Precondition]) -> Result<bool> {
+        Ok(self.delete_inner(key, preconditions, true)?.expect("a delete that may wait completes"))
     }
 
     /// Like [`Store::delete`], but answers `Ok(None)`, having done nothing, where `delete`
     /// would wait (see [`Store::try_put`]).
     pub fn try_delete(&self, key: &[u8]) -> Result<Option<bool>> {
-        self.delete_inner(key, false)
+        self.delete_inner(key, &[], false)
     }
 
-    fn delete_inner(&self, key: &[u8], wait: bool) -> Result<Option<bool>> {
+    fn delete_inner(&self, key: &[u8], preconditions: &[Precondition], wait: bool) -> Result<Option<bool>> {
         check_key(key)?;
         let sh = &*self.shared;
         let hash = sh.hash(key);
-        let seq = {
+        if !wait && !preconditions.is_empty() {
+            return Ok(None);
+        }
+        let (seq, in_memory) = {
             let need = record::padded((HEADER_LEN + key.len()) as u64);
             let Some(mut w) = self.writer(wait, need) else { return Ok(None) };
-            match sh.index.get(hash) {
+            sh.check(hash, key, preconditions)?;
+            let seq = match sh.index.get(hash) {
                 Some(loc) if sh.key_at(loc, key) => {
                     sh.append(&mut w, new_header(FLAG_TOMBSTONE), key, b"", b"", crc32c::crc32c(b""))?;
                     sh.index.remove_if_eq(hash, loc);
                     Some(w.appended)
                 }
                 _ => None,
-            }
+            };
+            // Memory may hold the key after the ring evicted its record: that counts as
+            // present. Dropped under the writer lock, so that a conditional write after this
+            // delete never finds the value in memory.
+            (seq, sh.memory.as_ref().is_some_and(|m| m.invalidate(hash, key)))
         };
-        // Memory may hold the key after the ring evicted its record: that counts as present.
-        let in_memory = sh.memory.as_ref().is_some_and(|m| m.invalidate(hash, key));
         if let (Some(seq), FsyncPolicy::Always) = (seq, sh.cfg.fsync) {
             sh.wait_durable(seq)?;
         }

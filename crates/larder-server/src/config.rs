@@ -30,18 +30,21 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
 }
 
-/// Parses a duration: `ms`, `s`, `m`, `h` suffixes; a bare integer is seconds.
+/// Parses a duration: `ms`, `s`, `m`, `h`, `d` suffixes; a bare integer is seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 1s, 5m"))?;
+    let secs =
+        |per: u64| n.checked_mul(per).map(Duration::from_secs).ok_or_else(|| format!("duration {s:?} is too long"));
     match unit.trim().to_ascii_lowercase().as_str() {
         "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+        "" | "s" => secs(1),
+        "m" => secs(60),
+        "h" => secs(3600),
+        "d" => secs(86_400),
+        _ => Err(format!("invalid duration unit in {s:?}: use ms, s, m, h or d")),
     }
 }
 
@@ -106,6 +109,10 @@ pub struct ServeArgs {
     /// at least N times since written (0 to 3; 0 = plain FIFO) [default: 1].
     #[arg(long, value_name = "N")]
     pub reinsert_min_hits: Option<u8>,
+    /// Expiry of a PUT that sends neither X-TTL nor Cache-Control max-age, e.g. 1h or 7d;
+    /// 0 = never [default: 0].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub default_ttl: Option<Duration>,
     /// Requests slower than this are logged as warnings; 0 turns the warning off [default: 100ms].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub slow_request: Option<Duration>,
@@ -186,6 +193,7 @@ struct FileConfig {
     promote_window: Option<DurationValue>,
     memory_on_put: Option<bool>,
     reinsert_min_hits: Option<u8>,
+    default_ttl: Option<DurationValue>,
     slow_request: Option<DurationValue>,
     access_log: Option<bool>,
     log_level: Option<String>,
@@ -221,6 +229,8 @@ pub struct Settings {
     pub memory: MemoryConfig,
     /// Reads from disk that earn an entry reinsertion before the ring overwrites it; 0 = off.
     pub reinsert_min_hits: u8,
+    /// Expiry of PUTs that do not give one; zero = never.
+    pub default_ttl: Duration,
     /// Slow-request warning threshold.
     pub slow_request: Duration,
     /// Whether every request is logged.
@@ -288,6 +298,10 @@ impl ServeArgs {
                 "--reinsert-min-hits {reinsert_min_hits} is too high: the index counts up to 3 reads per entry"
             ));
         }
+        let default_ttl = dur(self.default_ttl, &file.default_ttl, Duration::ZERO)?;
+        if default_ttl.as_secs() > crate::headers::MAX_TTL_SECS {
+            return Err(format!("--default-ttl is longer than {} seconds (100 years)", crate::headers::MAX_TTL_SECS));
+        }
         let memory = MemoryConfig {
             capacity: size(self.memory_capacity, &file.memory_capacity, 256 << 20)?,
             eviction: memory_eviction,
@@ -304,6 +318,7 @@ impl ServeArgs {
             fsync,
             memory,
             reinsert_min_hits,
+            default_ttl,
             slow_request: dur(self.slow_request, &file.slow_request, Duration::from_millis(100))?,
             access_log: self.access_log || file.access_log.unwrap_or(false),
             log_level: self.log_level.clone().or(file.log_level).unwrap_or_else(|| "warn".into()),
@@ -338,7 +353,10 @@ mod tests {
         assert_eq!(parse_duration("60"), Ok(Duration::from_secs(60)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert!(parse_duration("1d").is_err());
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert!(parse_duration("1w").is_err());
+        assert!(parse_duration("99999999999999999999d").is_err());
+        assert!(parse_duration("999999999999999999d").is_err(), "overflow is an error, not a wrap");
         assert_eq!(parse_fsync("never"), Ok(FsyncPolicy::Never));
         assert_eq!(parse_fsync("ALWAYS"), Ok(FsyncPolicy::Always));
         assert_eq!(parse_fsync("1s"), Ok(FsyncPolicy::Every(Duration::from_secs(1))));

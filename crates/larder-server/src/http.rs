@@ -1,13 +1,17 @@
 //! HTTP handlers: requests become engine calls, engine outcomes become statuses, in one place.
 
 use crate::config::Settings;
+use crate::headers;
 use crate::key::{decode_key, RESERVED_PREFIX};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{
+    HeaderMap, HeaderValue, ACCEPT_RANGES, ALLOW, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG,
+    LAST_MODIFIED,
+};
 use hyper::{Method, Request, Response, StatusCode};
-use larder_engine::{ErrorKind, Store, Tier};
+use larder_engine::{meta, now_ms, ErrorKind, Part, Precondition, PutOptions, Store, Tier, Value};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -52,7 +56,10 @@ fn engine_error(e: &larder_engine::Error, op: Op) -> Resp {
     let status = match (e.kind(), op) {
         (ErrorKind::NoSpace, _) => StatusCode::INSUFFICIENT_STORAGE,
         (ErrorKind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
-        (ErrorKind::InvalidKey, _) => StatusCode::BAD_REQUEST,
+        (ErrorKind::InvalidKey | ErrorKind::Invalid, _) => StatusCode::BAD_REQUEST,
+        (ErrorKind::PreconditionFailed, _) => {
+            return text_owned(StatusCode::PRECONDITION_FAILED, format!("precondition failed: {e}\n"));
+        }
         (ErrorKind::Io | ErrorKind::Corrupt, Op::Read) => StatusCode::SERVICE_UNAVAILABLE,
         (ErrorKind::Io | ErrorKind::Corrupt | ErrorKind::Locked, _) => StatusCode::INTERNAL_SERVER_ERROR,
     };
@@ -111,13 +118,16 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Resp {
         return text(StatusCode::SERVICE_UNAVAILABLE, "recovering; try again shortly\n");
     };
     match *req.method() {
-        Method::GET => get(app, store, key, false).await,
-        Method::HEAD => get(app, store, key, true).await,
+        Method::GET => get(app, store, key, req.headers(), false).await,
+        Method::HEAD => get(app, store, key, req.headers(), true).await,
         Method::PUT => {
             let key = key.into_owned();
             put(app, req, key).await
         }
-        _ => delete(app, key.into_owned()).await,
+        _ => {
+            let preconditions = headers::write_preconditions(req.headers());
+            delete(app, key.into_owned(), preconditions).await
+        }
     }
 }
 
@@ -202,38 +212,114 @@ fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
     }
 }
 
-/// Memory and page-cache hits are answered inline; a read that would wait for the device
-/// (or for another request's read of the same key, which it then shares) runs on the
-/// blocking pool, so a cold disk never stalls the async workers.
-async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>, head: bool) -> Resp {
-    let found = match store.try_get(&key) {
-        Ok(Some(found)) => Ok(found),
-        Ok(None) => {
-            let key = key.into_owned();
-            blocking(app, move |store| store.get(&key)).await
+/// Reads `part` of a value. Memory and page-cache hits are answered inline; a read that
+/// would wait for the device (or for another request's read of the same key, which it then
+/// shares) runs on the blocking pool, so a cold disk never stalls the async workers.
+async fn read(app: &Arc<App>, store: &Store, key: &[u8], part: Part) -> larder_engine::Result<Option<Value>> {
+    match store.try_get_part(key, part)? {
+        Some(found) => Ok(found),
+        None => {
+            let key = key.to_vec();
+            blocking(app, move |store| store.get_part(&key, part)).await
         }
-        Err(e) => Err(e),
-    };
-    match found {
-        Ok(Some(v)) => {
-            let len = v.data.len();
-            let mut r = Response::new(Full::new(if head { Bytes::new() } else { v.data }));
-            let h = r.headers_mut();
-            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-            h.insert(X_POSITION.clone(), position_value(v.position));
-            let tier = match v.tier {
-                Tier::Memory => "MEMC",
-                Tier::Disk => "DISK",
-            };
-            h.insert(X_CACHE.clone(), HeaderValue::from_static(tier));
-            if head {
-                h.insert(CONTENT_LENGTH, HeaderValue::from(len));
-            }
-            r
-        }
-        Ok(None) => text(StatusCode::NOT_FOUND, "not found\n"),
-        Err(e) => engine_error(&e, Op::Read),
     }
+}
+
+/// The headers every answer about a stored value carries (200, 206, 304, HEAD).
+fn describe(r: &mut Resp, v: &Value) {
+    let h = r.headers_mut();
+    let content_type = v.content_type.as_ref().and_then(|t| HeaderValue::from_maybe_shared(t.clone()).ok());
+    h.insert(CONTENT_TYPE, content_type.unwrap_or(HeaderValue::from_static(DEFAULT_CONTENT_TYPE)));
+    h.insert(ETAG, headers::etag(v.version()));
+    h.insert(LAST_MODIFIED, headers::last_modified(v));
+    h.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Some(cc) = headers::cache_control(v, now_ms()) {
+        h.insert(CACHE_CONTROL, cc);
+    }
+    h.insert(X_POSITION.clone(), position_value(v.position));
+    let tier = match v.tier {
+        Tier::Memory => "MEMC",
+        Tier::Disk => "DISK",
+    };
+    h.insert(X_CACHE.clone(), HeaderValue::from_static(tier));
+}
+
+const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
+
+fn with_status(status: StatusCode, body: Bytes) -> Resp {
+    let mut r = Response::new(Full::new(body));
+    *r.status_mut() = status;
+    r
+}
+
+/// GET and HEAD, with validators (304), a single byte range (206/416) and `If-Range`.
+///
+/// A plain GET is one read of the whole value. A HEAD, a conditional GET and a range GET
+/// with `If-Range` first read only what describes the value (for a large value, the front of
+/// its record); a ranged GET reads just the blocks that hold the range.
+async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>, req: &HeaderMap, head: bool) -> Resp {
+    let range = if head { None } else { headers::range(req) };
+    let conditional = req.contains_key(hyper::header::IF_NONE_MATCH)
+        || req.contains_key(hyper::header::IF_MODIFIED_SINCE)
+        || (range.is_some() && req.contains_key(hyper::header::IF_RANGE));
+    let mut part = range.map_or(Part::Whole, Part::Range);
+    let described = if head || conditional {
+        match read(app, store, &key, Part::Nothing).await {
+            Ok(Some(v)) => Some(v),
+            Ok(None) => return text(StatusCode::NOT_FOUND, "not found\n"),
+            Err(e) => return engine_error(&e, Op::Read),
+        }
+    } else {
+        None
+    };
+    if let Some(d) = &described {
+        if headers::not_modified(req, d) {
+            let mut r = with_status(StatusCode::NOT_MODIFIED, Bytes::new());
+            describe(&mut r, d);
+            r.headers_mut().remove(CONTENT_TYPE);
+            return r;
+        }
+        if head {
+            let mut r = with_status(StatusCode::OK, Bytes::new());
+            describe(&mut r, d);
+            r.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(d.len));
+            return r;
+        }
+        if !headers::if_range_holds(req, d) {
+            part = Part::Whole;
+        }
+    }
+    let mut v = match read(app, store, &key, part).await {
+        Ok(Some(v)) => v,
+        Ok(None) => return text(StatusCode::NOT_FOUND, "not found\n"),
+        Err(e) => return engine_error(&e, Op::Read),
+    };
+    // A range granted by If-Range is only for the version it named: if a write came between
+    // the two reads, send the new value whole.
+    if part != Part::Whole && req.contains_key(hyper::header::IF_RANGE) && !headers::if_range_holds(req, &v) {
+        v = match read(app, store, &key, Part::Whole).await {
+            Ok(Some(v)) => v,
+            Ok(None) => return text(StatusCode::NOT_FOUND, "not found\n"),
+            Err(e) => return engine_error(&e, Op::Read),
+        };
+        part = Part::Whole;
+    }
+    let Part::Range(range) = part else {
+        let mut r = with_status(StatusCode::OK, v.data.clone());
+        describe(&mut r, &v);
+        return r;
+    };
+    let Some((start, end)) = range.resolve(v.len) else {
+        let mut r = text(StatusCode::RANGE_NOT_SATISFIABLE, "range not satisfiable\n");
+        let unsatisfied = HeaderValue::try_from(format!("bytes */{}", v.len)).expect("ASCII");
+        r.headers_mut().insert(CONTENT_RANGE, unsatisfied);
+        return r;
+    };
+    let mut r = with_status(StatusCode::PARTIAL_CONTENT, v.data.clone());
+    describe(&mut r, &v);
+    let content_range = format!("bytes {}-{}/{}", start, end - 1, v.len);
+    r.headers_mut().insert(CONTENT_RANGE, HeaderValue::try_from(content_range).expect("ASCII"));
+    r
 }
 
 /// Why a request body was not taken.
@@ -286,7 +372,42 @@ async fn blocking<T: Send + 'static>(
         .expect("store call panicked")
 }
 
+/// What a PUT asks for besides its body, read from its headers before the body.
+struct PutHeaders {
+    expiry_ms: u64,
+    content_type: Option<Bytes>,
+    preconditions: Vec<Precondition>,
+}
+
+impl PutHeaders {
+    /// The headers, or the one-line message of a 400.
+    fn parse(h: &HeaderMap, settings: &Settings) -> Result<PutHeaders, String> {
+        let expiry_ms = headers::expiry(h, settings.default_ttl, now_ms())?;
+        let content_type = match h.get(CONTENT_TYPE) {
+            Some(t) if t.len() > meta::MAX_CONTENT_TYPE => {
+                return Err(format!("Content-Type longer than {} bytes\n", meta::MAX_CONTENT_TYPE));
+            }
+            // The default is what GET answers for a value stored without a type.
+            Some(t) if t.as_bytes() != DEFAULT_CONTENT_TYPE.as_bytes() => Some(Bytes::copy_from_slice(t.as_bytes())),
+            _ => None,
+        };
+        Ok(PutHeaders { expiry_ms, content_type, preconditions: headers::write_preconditions(h) })
+    }
+
+    fn options(&self) -> PutOptions<'_> {
+        PutOptions {
+            expiry_ms: self.expiry_ms,
+            content_type: self.content_type.as_deref(),
+            preconditions: &self.preconditions,
+        }
+    }
+}
+
 async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
+    let extra = match PutHeaders::parse(req.headers(), &app.settings) {
+        Ok(p) => p,
+        Err(m) => return text_owned(StatusCode::BAD_REQUEST, m),
+    };
     let limit = app.settings.max_value_size;
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
@@ -298,26 +419,28 @@ async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
         Err(BodyError::Broken(e)) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
     };
     let store = app.store.get().expect("store is ready before writes are routed");
-    let result = match store.try_put(&key, &body) {
-        Ok(Some(pos)) => Ok(pos),
-        Ok(None) => blocking(app, move |store| store.put(&key, &body)).await,
+    let result = match store.try_put_with(&key, &body, &extra.options()) {
+        Ok(Some(stored)) => Ok(stored),
+        Ok(None) => blocking(app, move |store| store.put_with(&key, &body, &extra.options())).await,
         Err(e) => Err(e),
     };
     match result {
-        Ok(pos) => {
+        Ok(stored) => {
             let mut r = text(StatusCode::OK, "stored\n");
-            r.headers_mut().insert(X_POSITION.clone(), position_value(pos));
+            r.headers_mut().insert(X_POSITION.clone(), position_value(stored.position));
+            r.headers_mut().insert(ETAG, headers::etag(stored.version));
             r
         }
         Err(e) => engine_error(&e, Op::Write),
     }
 }
 
-async fn delete(app: &Arc<App>, key: Vec<u8>) -> Resp {
+async fn delete(app: &Arc<App>, key: Vec<u8>, preconditions: Vec<Precondition>) -> Resp {
     let store = app.store.get().expect("store is ready before writes are routed");
-    let result = match store.try_delete(&key) {
+    let quick = if preconditions.is_empty() { store.try_delete(&key) } else { Ok(None) };
+    let result = match quick {
         Ok(Some(found)) => Ok(found),
-        Ok(None) => blocking(app, move |store| store.delete(&key)).await,
+        Ok(None) => blocking(app, move |store| store.delete_if(&key, &preconditions)).await,
         Err(e) => Err(e),
     };
     match result {

@@ -1,6 +1,7 @@
 //! The `larder` binary: a hybrid memory + disk key-value cache server over HTTP.
 
 mod config;
+mod headers;
 mod http;
 mod key;
 mod server;

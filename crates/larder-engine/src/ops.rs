@@ -1,0 +1,122 @@
+//! What a read or a write asks for beyond the key: which part of a value to read, the
+//! version a write is conditional on, and a write's expiry and content type.
+
+/// Identifies one stored value: equal versions have equal bytes (length, CRC32C and store
+/// time must all agree), so it can serve as a strong validator (an HTTP ETag). Storing the
+/// same bytes again makes a new version; copying a record forward (reinsertion) does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Version {
+    /// Value length in bytes.
+    pub len: u64,
+    /// CRC32C of the value.
+    pub crc: u32,
+    /// Store time, ms since the Unix epoch.
+    pub stored_ms: u64,
+}
+
+/// A condition a write checks against the key's current value, atomically with the write
+/// (under the writer lock, so no other write comes between the check and the append).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Precondition {
+    /// The key has no live value (HTTP `If-None-Match: *`).
+    Absent,
+    /// The key has a live value (`If-Match: *`).
+    Present,
+    /// The current value is one of these versions (`If-Match: "…"`).
+    OneOf(Vec<Version>),
+    /// The current value, if any, is none of these versions (`If-None-Match: "…"`).
+    NoneOf(Vec<Version>),
+}
+
+impl Precondition {
+    /// Whether the condition holds when the key's current version is `current`.
+    pub fn holds(&self, current: Option<Version>) -> bool {
+        match self {
+            Precondition::Absent => current.is_none(),
+            Precondition::Present => current.is_some(),
+            Precondition::OneOf(vs) => current.is_some_and(|c| vs.contains(&c)),
+            Precondition::NoneOf(vs) => current.is_none_or(|c| !vs.contains(&c)),
+        }
+    }
+}
+
+/// How to store a value; `Default` is a plain put.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PutOptions<'a> {
+    /// When the value expires, ms since the Unix epoch; 0 = never. An expired key reads as
+    /// absent and is dropped when next read.
+    pub expiry_ms: u64,
+    /// Media type stored with the value (at most `meta::MAX_CONTENT_TYPE` bytes).
+    pub content_type: Option<&'a [u8]>,
+    /// All must hold, or the put fails with `ErrorKind::PreconditionFailed` and stores nothing.
+    pub preconditions: &'a [Precondition],
+}
+
+/// A byte range of a value, as an HTTP `Range: bytes=` specifies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteRange {
+    /// From the first byte offset to the last (inclusive), or to the end when `None`.
+    Span(u64, Option<u64>),
+    /// The last `n` bytes.
+    Suffix(u64),
+}
+
+impl ByteRange {
+    /// The half-open byte range `[start, end)` this selects from a value of `len` bytes, or
+    /// `None` when it selects nothing (unsatisfiable).
+    pub fn resolve(self, len: u64) -> Option<(u64, u64)> {
+        match self {
+            ByteRange::Span(first, last) => {
+                let end = last.map_or(len, |l| l.saturating_add(1).min(len));
+                (first < len && first < end).then_some((first, end))
+            }
+            ByteRange::Suffix(n) => (n > 0 && len > 0).then(|| (len - n.min(len), len)),
+        }
+    }
+}
+
+/// Which bytes of a value a read returns. Every part comes with the value's length,
+/// version and content type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The whole value.
+    Whole,
+    /// A range of it: only the blocks that hold the range are read from disk (and verified).
+    /// An unsatisfiable range returns no bytes.
+    Range(ByteRange),
+    /// No bytes: length, version and content type only (HEAD, revalidation). Reads just the
+    /// front of a large record.
+    Nothing,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_resolve_as_http_says() {
+        use ByteRange::*;
+        assert_eq!(Span(0, Some(99)).resolve(1000), Some((0, 100)));
+        assert_eq!(Span(990, Some(2000)).resolve(1000), Some((990, 1000)));
+        assert_eq!(Span(10, None).resolve(1000), Some((10, 1000)));
+        assert_eq!(Span(1000, None).resolve(1000), None);
+        assert_eq!(Span(0, Some(0)).resolve(0), None);
+        assert_eq!(Suffix(100).resolve(1000), Some((900, 1000)));
+        assert_eq!(Suffix(5000).resolve(1000), Some((0, 1000)));
+        assert_eq!(Suffix(0).resolve(1000), None);
+        assert_eq!(Suffix(3).resolve(0), None);
+        assert_eq!(Span(5, Some(u64::MAX)).resolve(10), Some((5, 10)));
+    }
+
+    #[test]
+    fn preconditions() {
+        let v = Version { len: 3, crc: 7, stored_ms: 9 };
+        let w = Version { stored_ms: 10, ..v };
+        assert!(Precondition::Absent.holds(None) && !Precondition::Absent.holds(Some(v)));
+        assert!(Precondition::Present.holds(Some(v)) && !Precondition::Present.holds(None));
+        assert!(Precondition::OneOf(vec![w, v]).holds(Some(v)));
+        assert!(!Precondition::OneOf(vec![w]).holds(Some(v)) && !Precondition::OneOf(vec![v]).holds(None));
+        assert!(Precondition::NoneOf(vec![w]).holds(Some(v)) && Precondition::NoneOf(vec![v]).holds(None));
+        assert!(!Precondition::NoneOf(vec![v]).holds(Some(v)));
+    }
+}

@@ -1,0 +1,202 @@
+//! Expiry, content types, versions, partial reads and conditional writes, used directly.
+
+use larder_engine::{
+    now_ms, ByteRange, ErrorKind, FsyncPolicy, MemoryConfig, Part, Precondition, PutOptions, Store, StoreConfig, Tier,
+};
+use std::io::{Seek, SeekFrom, Write};
+use std::path::Path;
+
+fn config(dir: &Path, memory: u64) -> StoreConfig {
+    StoreConfig {
+        volume_size: 8 << 20,
+        volume_count: 4,
+        max_value_size: 4 << 20,
+        fsync: FsyncPolicy::Never,
+        memory: MemoryConfig { capacity: memory, promote_after: 1, ..MemoryConfig::default() },
+        ..StoreConfig::new(dir)
+    }
+}
+
+fn bytes(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32).map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8).collect()
+}
+
+#[test]
+fn expired_keys_are_absent_before_and_after_a_restart_and_dropped_when_read() {
+    let dir = tempfile::tempdir().unwrap();
+    for memory in [0, 1 << 20] {
+        let store = Store::open(config(dir.path(), memory)).unwrap();
+        let soon = PutOptions { expiry_ms: now_ms() + 300, ..PutOptions::default() };
+        store.put_with(b"short", b"lived", &soon).unwrap();
+        store.put_with(b"later", b"lived", &PutOptions { expiry_ms: now_ms() + 600_000, ..soon }).unwrap();
+        store.put(b"forever", b"lived").unwrap();
+        let v = store.get(b"short").unwrap().expect("not expired yet");
+        assert!(v.expiry_ms > now_ms());
+        let _ = store.get(b"short").unwrap(); // with memory on, now a memory hit
+        let keys = store.stats().keys;
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        assert!(store.get(b"short").unwrap().is_none(), "memory {memory}: expired key served");
+        assert!(store.get_part(b"short", Part::Nothing).unwrap().is_none());
+        assert_eq!(store.stats().keys, keys - 1, "the expired entry was dropped when read");
+        assert!(store.get(b"later").unwrap().is_some() && store.get(b"forever").unwrap().is_some());
+        store.put_with(b"short", b"again", &PutOptions { expiry_ms: now_ms() + 300, ..PutOptions::default() }).unwrap();
+        drop(store);
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        let store = Store::open(config(dir.path(), memory)).unwrap();
+        assert!(store.get(b"short").unwrap().is_none(), "expired across a restart");
+        let later = store.get(b"later").unwrap().expect("still live");
+        assert!(later.expiry_ms > now_ms() + 500_000, "the expiry survives a restart");
+        drop(store);
+        std::fs::remove_dir_all(dir.path()).unwrap();
+    }
+}
+
+#[test]
+fn content_type_and_version_survive_memory_disk_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(config(dir.path(), 1 << 20)).unwrap();
+    let opts = PutOptions { content_type: Some(b"image/png"), ..PutOptions::default() };
+    store.put_with(b"img", b"\x89PNG...", &opts).unwrap();
+    store.put(b"plain", b"no type").unwrap();
+    let disk = store.get(b"img").unwrap().unwrap();
+    let memory = store.get(b"img").unwrap().unwrap();
+    assert_eq!((disk.tier, memory.tier), (Tier::Disk, Tier::Memory));
+    for v in [&disk, &memory] {
+        assert_eq!(v.content_type.as_deref(), Some(&b"image/png"[..]));
+        assert_eq!(v.crc, crc32c::crc32c(b"\x89PNG..."));
+        assert_eq!(v.len, 7);
+    }
+    assert_eq!(disk.version(), memory.version());
+    assert!(store.get(b"plain").unwrap().unwrap().content_type.is_none());
+    // Storing the same bytes again makes a new version.
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    store.put_with(b"img", b"\x89PNG...", &opts).unwrap();
+    let again = store.get(b"img").unwrap().unwrap();
+    assert_ne!(again.version(), disk.version());
+    drop(store);
+    let store = Store::open(config(dir.path(), 1 << 20)).unwrap();
+    let after = store.get_part(b"img", Part::Nothing).unwrap().unwrap();
+    assert_eq!(after.version(), again.version());
+    assert_eq!(after.content_type.as_deref(), Some(&b"image/png"[..]));
+    assert!(after.data.is_empty());
+    let long = vec![b'a'; 2000];
+    let err = store.put_with(b"x", b"v", &PutOptions { content_type: Some(&long), ..opts }).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Invalid);
+    assert!(store.get(b"x").unwrap().is_none());
+}
+
+/// Byte offset of a value in its volume file, from the position the store reports.
+fn value_offset(store: &Store, key: &[u8]) -> (u32, u64, u64) {
+    let v = store.get_part(key, Part::Nothing).unwrap().unwrap();
+    let p = v.position;
+    (p.volume, p.offset + p.size - v.len, v.len)
+}
+
+fn flip(dir: &Path, volume: u32, at: u64) {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(larder_engine::volume::volume_path(dir, volume as usize))
+        .unwrap();
+    let mut b = [0u8; 1];
+    use std::io::Read;
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.read_exact(&mut b).unwrap();
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.write_all(&[b[0] ^ 0x10]).unwrap();
+}
+
+#[test]
+fn ranges_of_a_large_value_read_and_verify_only_their_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(config(dir.path(), 0)).unwrap();
+    let big = bytes(3 << 20, 1); // 3 MiB: 64 KiB blocks
+    store.put(b"big", &big).unwrap();
+    for r in [ByteRange::Span(0, Some(99)), ByteRange::Span(65_530, Some(65_545)), ByteRange::Suffix(70_000)] {
+        let (a, b) = r.resolve(big.len() as u64).unwrap();
+        let v = store.get_part(b"big", Part::Range(r)).unwrap().unwrap();
+        assert_eq!((v.start, v.len), (a, big.len() as u64));
+        assert_eq!(&v.data[..], &big[a as usize..b as usize], "{r:?}");
+    }
+    let none = store.get_part(b"big", Part::Range(ByteRange::Span(3 << 20, None))).unwrap().unwrap();
+    assert!(none.data.is_empty(), "an unsatisfiable range reads no bytes");
+    // Damage in the last block: ranges elsewhere still verify and are served, since only
+    // their blocks are read; a range over the damaged block is a miss, never wrong bytes.
+    let (volume, at, len) = value_offset(&store, b"big");
+    flip(dir.path(), volume, at + len - 10);
+    let head = store.get_part(b"big", Part::Range(ByteRange::Span(0, Some(1023)))).unwrap().unwrap();
+    assert_eq!(&head.data[..], &big[..1024]);
+    assert!(store.get_part(b"big", Part::Nothing).unwrap().is_some(), "the front of the record is intact");
+    let before = store.stats().corrupt_reads;
+    assert!(store.get_part(b"big", Part::Range(ByteRange::Suffix(5))).unwrap().is_none());
+    assert_eq!(store.stats().corrupt_reads, before + 1);
+    assert!(store.get(b"big").unwrap().is_none(), "a damaged record is dropped");
+}
+
+#[test]
+fn ranges_of_small_values_and_of_memory_hits() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(config(dir.path(), 1 << 20)).unwrap();
+    let v = bytes(10_000, 2);
+    store.put(b"small", &v).unwrap();
+    for tier in [Tier::Disk, Tier::Memory] {
+        let got = store.get_part(b"small", Part::Range(ByteRange::Span(100, Some(199)))).unwrap().unwrap();
+        assert_eq!((got.tier, &got.data[..]), (tier, &v[100..200]));
+        let _ = store.get(b"small").unwrap(); // promotes (promote_after 1)
+    }
+    // Damage in a small value is caught by a range read too: it reads the record whole.
+    store.put(b"other", &v).unwrap();
+    let (volume, at, _) = value_offset(&store, b"other");
+    flip(dir.path(), volume, at + 9_000);
+    assert!(store.get_part(b"other", Part::Range(ByteRange::Span(0, Some(9)))).unwrap().is_none());
+}
+
+#[test]
+fn conditional_writes_check_the_current_version_atomically() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(config(dir.path(), 1 << 20)).unwrap();
+    let absent = [Precondition::Absent];
+    store.put_with(b"k", b"one", &PutOptions { preconditions: &absent, ..PutOptions::default() }).unwrap();
+    let err = store.put_with(b"k", b"two", &PutOptions { preconditions: &absent, ..PutOptions::default() });
+    assert_eq!(err.unwrap_err().kind(), ErrorKind::PreconditionFailed);
+    let one = store.get(b"k").unwrap().unwrap();
+    assert_eq!(&one.data[..], b"one");
+    assert!(store
+        .try_put_with(b"k", b"x", &PutOptions { preconditions: &absent, ..PutOptions::default() })
+        .unwrap()
+        .is_none());
+
+    let if_one = [Precondition::OneOf(vec![one.version()])];
+    store.put_with(b"k", b"two", &PutOptions { preconditions: &if_one, ..PutOptions::default() }).unwrap();
+    // The version moved on: the same condition fails now, and the value stays.
+    let again = store.put_with(b"k", b"three", &PutOptions { preconditions: &if_one, ..PutOptions::default() });
+    assert_eq!(again.unwrap_err().kind(), ErrorKind::PreconditionFailed);
+    let two = store.get(b"k").unwrap().unwrap();
+    assert_eq!(&two.data[..], b"two");
+    let _ = store.get(b"k").unwrap(); // a memory hit now: the check reads the index first
+    let stale = store.delete_if(b"k", &if_one);
+    assert_eq!(stale.unwrap_err().kind(), ErrorKind::PreconditionFailed);
+    assert!(store.delete_if(b"k", &[Precondition::OneOf(vec![two.version()])]).unwrap());
+    let present = [Precondition::Present];
+    let gone = store.put_with(b"k", b"four", &PutOptions { preconditions: &present, ..PutOptions::default() });
+    assert_eq!(gone.unwrap_err().kind(), ErrorKind::PreconditionFailed, "deleted: If-Match * fails");
+    assert!(store.get(b"k").unwrap().is_none());
+
+    // Racing writers with If-None-Match: * — exactly one wins.
+    let wins = std::sync::atomic::AtomicU32::new(0);
+    std::thread::scope(|s| {
+        for i in 0..8u8 {
+            let (store, wins) = (&store, &wins);
+            s.spawn(move || {
+                let opts = PutOptions { preconditions: &[Precondition::Absent], ..PutOptions::default() };
+                match store.put_with(b"race", &[i], &opts) {
+                    Ok(_) => {
+                        wins.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(e) => assert_eq!(e.kind(), ErrorKind::PreconditionFailed),
+                }
+            });
+        }
+    });
+    assert_eq!(wins.into_inner(), 1);
+}
