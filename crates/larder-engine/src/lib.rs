@@ -29,5 +29,5 @@ pub mod volume;
 
 pub use error::{Error, ErrorKind, Result};
 pub use memory::{Eviction, MemoryConfig};
-pub use ops::{ByteRange, Part, Precondition, PutOptions, Version};
+pub use ops::{unmet, ByteRange, Part, Precondition, PutOptions, Version};
 pub use store::{now_ms, FsyncPolicy, Position, Stats, Store, StoreConfig, Stored, Tier, Value, MIN_VOLUME_SIZE};

@@ -40,6 +40,18 @@ impl Precondition {
     }
 }
 
+/// The first of `preconditions` that does not hold when the key's current version is
+/// `current`, as a one-line reason; `None` when they all hold.
+pub fn unmet(preconditions: &[Precondition], current: Option<Version>) -> Option<&'static str> {
+    let failed = preconditions.iter().find(|p| !p.holds(current))?;
+    Some(match (failed, current) {
+        (Precondition::Absent, _) => "the key already has a value",
+        (_, None) => "the key has no value",
+        (Precondition::NoneOf(_), Some(_)) => "the key's current version is one of those given",
+        (_, Some(_)) => "the key's current version is not one of those given",
+    })
+}
+
 /// How to store a value; `Default` is a plain put.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PutOptions<'a> {

@@ -647,7 +647,9 @@ impl Shared {
     /// its block checksum: a range or a HEAD of a large value never reads all of it.
     fn fetch_part(&self, hash: u64, loc: Loc, key: &[u8], part: Part, nowait: bool) -> Result<Got> {
         let class = record::size_class_bytes(loc.class) as usize;
-        if part == Part::Whole || class <= PREFIX_READ {
+        // A record this small holds no block checksums: a range of it is read whole.
+        let whole = part == Part::Whole || matches!(part, Part::Range(_)) && class as u64 <= meta::BLOCKED_MIN_LEN;
+        if whole || class <= PREFIX_READ {
             return Ok(match self.fetch(hash, loc, nowait)? {
                 Fetch::WouldBlock => Got::WouldBlock,
                 Fetch::Gone => Got::Gone,
@@ -749,15 +751,10 @@ impl Shared {
         if preconditions.is_empty() {
             return Ok(());
         }
-        let current = self.current_version(hash, key)?;
-        let Some(failed) = preconditions.iter().find(|p| !p.holds(current)) else { return Ok(()) };
-        let why = match (failed, current) {
-            (Precondition::Absent, _) => "the key already has a value",
-            (_, None) => "the key has no value",
-            (Precondition::NoneOf(_), Some(_)) => "the key's current version is one of those given",
-            (_, Some(_)) => "the key's current version is not one of those given",
-        };
-        Err(Error::new(ErrorKind::PreconditionFailed, why))
+        match crate::ops::unmet(preconditions, self.current_version(hash, key)?) {
+            None => Ok(()),
+            Some(why) => Err(Error::new(ErrorKind::PreconditionFailed, why)),
+        }
     }
 
     /// Copies the entries of `slot` (the next volume the ring overwrites) that were read at

@@ -408,6 +408,19 @@ async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
         Ok(p) => p,
         Err(m) => return text_owned(StatusCode::BAD_REQUEST, m),
     };
+    // A write that is bound to fail its precondition is refused before its body is read
+    // (with `Expect: 100-continue` the client does not even send it). The engine checks
+    // again, atomically with the write.
+    if !extra.preconditions.is_empty() {
+        let store = app.store.get().expect("store is ready before writes are routed");
+        let current = match read(app, store, &key, Part::Nothing).await {
+            Ok(v) => v.map(|v| v.version()),
+            Err(e) => return engine_error(&e, Op::Read),
+        };
+        if let Some(why) = larder_engine::unmet(&extra.preconditions, current) {
+            return text_owned(StatusCode::PRECONDITION_FAILED, format!("precondition failed: {why}\n"));
+        }
+    }
     let limit = app.settings.max_value_size;
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {

@@ -231,6 +231,17 @@ fn conditional_puts_and_deletes() {
     assert_eq!(c.request("DELETE", "/c", &[("If-Match", &second)], b"").status, 200);
     assert_eq!(c.get("/c").status, 404);
     assert_eq!(c.request("PUT", "/c", &create, b"again").status, 200, "absent again after the delete");
+
+    // A write bound to fail is refused before its body is sent: the client waits for
+    // `100 Continue` and gets the 412 instead.
+    let mut raw = s.client();
+    raw.raw(
+        b"PUT /c HTTP/1.1\r\nHost: x\r\nIf-None-Match: *\r\nExpect: 100-continue\r\nContent-Length: 1000000\r\n\r\n",
+    )
+    .unwrap();
+    let r = raw.read_response(false).unwrap();
+    assert_eq!(r.status, 412, "no 100 Continue for a write that cannot succeed");
+    assert_eq!(c.get("/c").body, b"again");
 }
 
 /// Runs curl with `args` against `url`; returns (status, headers as lowercase lines, what
