@@ -200,3 +200,33 @@ fn conditional_writes_check_the_current_version_atomically() {
     });
     assert_eq!(wins.into_inner(), 1);
 }
+
+#[test]
+fn expired_entries_are_neither_promoted_nor_reinserted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), 1 << 20);
+    (cfg.volume_size, cfg.volume_count, cfg.memory.promote_after, cfg.reinsert_min_hits) = (64 << 10, 3, 2, 1);
+    let store = Store::open(cfg).unwrap();
+    let ttl = || PutOptions { expiry_ms: now_ms() + 200, ..PutOptions::default() };
+    store.put_with(b"promote-me", b"v", &ttl()).unwrap();
+    store.put_with(b"reinsert-me", b"v", &ttl()).unwrap();
+    // One disk read each before expiry: half-way to promotion, and read enough to reinsert.
+    assert!(store.get(b"promote-me").unwrap().is_some() && store.get(b"reinsert-me").unwrap().is_some());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(store.get(b"promote-me").unwrap().is_none(), "the second read finds it expired");
+    assert_eq!(store.stats().memory_entries, 0, "an expired value is not promoted");
+    // Turn the ring past the volume holding reinsert-me, settling after each write so the
+    // reinsertion job runs before the volume is overwritten.
+    let filler = bytes(4000, 9);
+    let mut i = 0;
+    while store.stats().rotations < 3 {
+        store.put(format!("fill/{i}").as_bytes(), &filler).unwrap();
+        store.settle();
+        i += 1;
+    }
+    let st = store.stats();
+    assert!(st.reinsert_candidates >= 1, "{st:?}");
+    assert_eq!(st.reinserted, 0, "an expired entry is not copied forward");
+    assert!(st.reinsert_skipped >= 1);
+    assert!(store.get(b"reinsert-me").unwrap().is_none());
+}
