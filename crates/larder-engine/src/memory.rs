@@ -235,6 +235,15 @@ impl Memory {
         true
     }
 
+    /// Drops `key` and returns what was held. Called after the index has changed.
+    pub fn take(&self, hash: u64, key: &[u8]) -> Option<Cached> {
+        let _g = self.stripe(hash).lock();
+        match &self.backend {
+            Backend::Clock(c) => c.remove(key).map(|(_, v)| v),
+            Backend::Foyer(c) => c.remove(key).map(|e| e.value().clone()),
+        }
+    }
+
     /// Drops `key`; returns whether it was held. Called after the index has changed.
     pub fn invalidate(&self, hash: u64, key: &[u8]) -> bool {
         let _g = self.stripe(hash).lock();

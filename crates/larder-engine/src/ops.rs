@@ -26,6 +26,9 @@ pub enum Precondition {
     OneOf(Vec<Version>),
     /// The current value, if any, is none of these versions (`If-None-Match: "…"`).
     NoneOf(Vec<Version>),
+    /// The current value, if any, was stored no later than this second of the Unix epoch
+    /// (`If-Unmodified-Since`; HTTP dates have whole seconds).
+    UnmodifiedSince(u64),
 }
 
 impl Precondition {
@@ -36,6 +39,7 @@ impl Precondition {
             Precondition::Present => current.is_some(),
             Precondition::OneOf(vs) => current.is_some_and(|c| vs.contains(&c)),
             Precondition::NoneOf(vs) => current.is_none_or(|c| !vs.contains(&c)),
+            Precondition::UnmodifiedSince(secs) => current.is_none_or(|c| c.stored_ms / 1000 <= *secs),
         }
     }
 }
@@ -46,6 +50,7 @@ pub fn unmet(preconditions: &[Precondition], current: Option<Version>) -> Option
     let failed = preconditions.iter().find(|p| !p.holds(current))?;
     Some(match (failed, current) {
         (Precondition::Absent, _) => "the key already has a value",
+        (Precondition::UnmodifiedSince(_), _) => "the key's value was stored after the given time",
         (_, None) => "the key has no value",
         (Precondition::NoneOf(_), Some(_)) => "the key's current version is one of those given",
         (_, Some(_)) => "the key's current version is not one of those given",
@@ -55,9 +60,10 @@ pub fn unmet(preconditions: &[Precondition], current: Option<Version>) -> Option
 /// How to store a value; `Default` is a plain put.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PutOptions<'a> {
-    /// When the value expires, ms since the Unix epoch; 0 = never. An expired key reads as
-    /// absent and is dropped when next read.
-    pub expiry_ms: u64,
+    /// How long the value lives, counted from its store time; `None` = until evicted. An
+    /// expired key reads as absent and is dropped when next read. `Some(ZERO)` stores a value
+    /// that is expired at once (it still replaces the previous one).
+    pub ttl: Option<std::time::Duration>,
     /// Media type stored with the value (at most `meta::MAX_CONTENT_TYPE` bytes).
     pub content_type: Option<&'a [u8]>,
     /// All must hold, or the put fails with `ErrorKind::PreconditionFailed` and stores nothing.
@@ -130,5 +136,8 @@ mod tests {
         assert!(!Precondition::OneOf(vec![w]).holds(Some(v)) && !Precondition::OneOf(vec![v]).holds(None));
         assert!(Precondition::NoneOf(vec![w]).holds(Some(v)) && Precondition::NoneOf(vec![v]).holds(None));
         assert!(!Precondition::NoneOf(vec![v]).holds(Some(v)));
+        assert!(Precondition::UnmodifiedSince(0).holds(None));
+        assert!(Precondition::UnmodifiedSince(0).holds(Some(Version { stored_ms: 999, ..v })));
+        assert!(!Precondition::UnmodifiedSince(0).holds(Some(Version { stored_ms: 1000, ..v })));
     }
 }

@@ -281,6 +281,17 @@ struct Writer {
     /// Sealed slots whose data has not been fdatasynced yet.
     unsynced: Vec<usize>,
     prefix: Vec<u8>,
+    /// Store time of the last put or delete: each gets a later one (by a millisecond if the
+    /// clock has not moved, or has stepped back), so no two writes share a version.
+    last_stamp: u64,
+}
+
+impl Writer {
+    /// A store time for a write made now, later than every earlier one.
+    fn stamp(&mut self) -> u64 {
+        self.last_stamp = now_ms().max(self.last_stamp + 1);
+        self.last_stamp
+    }
 }
 
 #[derive(Default)]
@@ -361,17 +372,20 @@ impl Shared {
     /// Whether the record at `loc` is of the current generation and has key `key` (header and
     /// key verified, value not).
     fn key_at(&self, loc: Loc, key: &[u8]) -> bool {
+        self.header_at(loc, key).is_some()
+    }
+
+    /// The header of the record at `loc` if it is of the current generation and has key `key`.
+    fn header_at(&self, loc: Loc, key: &[u8]) -> Option<Header> {
         let (Some(g), Some(file)) = (self.live_generation(loc), self.slots[loc.slot as usize].file.get()) else {
-            return false;
+            return None;
         };
         let salt = self.slots[loc.slot as usize].salt.load(Ordering::Acquire);
         let want = (record::size_class_bytes(loc.class) as usize).min(HEADER_LEN + key.len());
         let mut buf = vec![0u8; want];
-        let Ok(n) = io::read_at_most(file, &mut buf, loc.offset) else { return false };
-        match record::decode_header(&buf[..n], salt) {
-            Ok(h) => h.generation == g && &buf[HEADER_LEN..HEADER_LEN + h.key_len as usize] == key,
-            Err(_) => false,
-        }
+        let n = io::read_at_most(file, &mut buf, loc.offset).ok()?;
+        let h = record::decode_header(&buf[..n], salt).ok()?;
+        (h.generation == g && &buf[HEADER_LEN..HEADER_LEN + h.key_len as usize] == key).then_some(h)
     }
 
     /// Drops `key` from the index if the entry for its hash really is that key.
@@ -647,8 +661,10 @@ impl Shared {
     /// its block checksum: a range or a HEAD of a large value never reads all of it.
     fn fetch_part(&self, hash: u64, loc: Loc, key: &[u8], part: Part, nowait: bool) -> Result<Got> {
         let class = record::size_class_bytes(loc.class) as usize;
-        // A record this small holds no block checksums: a range of it is read whole.
-        let whole = part == Part::Whole || matches!(part, Part::Range(_)) && class as u64 <= meta::BLOCKED_MIN_LEN;
+        // A record this small holds no block checksums (or barely more than 128 KiB of them):
+        // a range of it is read whole, in one read, rather than front first.
+        let small = class as u64 <= (meta::BLOCKED_MIN_LEN + PREFIX_READ as u64) * 17 / 16;
+        let whole = part == Part::Whole || matches!(part, Part::Range(_)) && small;
         if whole || class <= PREFIX_READ {
             return Ok(match self.fetch(hash, loc, nowait)? {
                 Fetch::WouldBlock => Got::WouldBlock,
@@ -702,6 +718,7 @@ impl Shared {
             let value_at = loc.offset + (HEADER_LEN + h.key_len as usize + h.meta_len as usize) as u64;
             let mut buf = vec![0u8; (to - from) as usize];
             let Some(n) = read(file, &mut buf, value_at + from, nowait)? else { return Ok(Got::WouldBlock) };
+            self.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
             if n < buf.len() {
                 self.damaged(hash, loc, generation, record::DecodeError::Short);
                 return Ok(Got::Gone);
@@ -727,13 +744,29 @@ impl Shared {
         }))
     }
 
-    /// The current version of `key`, for a conditional write; called under the writer lock,
-    /// so no other write changes it before the caller's append.
-    fn current_version(&self, hash: u64, key: &[u8]) -> Result<Option<Version>> {
-        if let Some(loc) = self.index.get(hash) {
-            if let Got::Value(v) = self.fetch_part(hash, loc, key, Part::Nothing, false)? {
-                return Ok(Some(v.version()));
-            }
+    /// The version of `key` its index entry names (`loc`, read from disk), for a conditional
+    /// write. Read before the writer lock is taken, so that a cold read does not stall every
+    /// writer; [`Shared::check`] confirms it under the lock.
+    fn indexed_version(&self, hash: u64, key: &[u8]) -> Result<Option<(Loc, Option<Version>)>> {
+        let Some(loc) = self.index.get(hash) else { return Ok(None) };
+        Ok(Some(match self.fetch_part(hash, loc, key, Part::Nothing, false)? {
+            Got::Value(v) => (loc, Some(v.version())),
+            _ => (loc, None),
+        }))
+    }
+
+    /// The current version of `key`; under the writer lock, so no other write changes it
+    /// before the caller's append. `early` is what [`Shared::indexed_version`] read before
+    /// the lock: still current if the index has not moved since.
+    fn current_version(&self, hash: u64, key: &[u8], early: Option<(Loc, Option<Version>)>) -> Result<Option<Version>> {
+        let now = self.index.get(hash);
+        let indexed = match (early, now) {
+            (Some((then, v)), Some(now)) if then.same_place(now) => v,
+            (_, Some(_)) => self.indexed_version(hash, key)?.and_then(|(_, v)| v),
+            (_, None) => None,
+        };
+        if indexed.is_some() {
+            return Ok(indexed);
         }
         // Memory may hold a value whose record the ring has overwritten. Deletes drop keys
         // from memory under the writer lock, so what it holds here is current.
@@ -746,12 +779,19 @@ impl Shared {
         }))
     }
 
-    /// Fails unless every precondition holds for the current value of `key`. Under the writer lock.
-    fn check(&self, hash: u64, key: &[u8], preconditions: &[Precondition]) -> Result<()> {
+    /// Fails unless every precondition holds for the current value of `key`. Under the writer
+    /// lock; `early` as for [`Shared::current_version`].
+    fn check(
+        &self,
+        hash: u64,
+        key: &[u8],
+        preconditions: &[Precondition],
+        early: Option<(Loc, Option<Version>)>,
+    ) -> Result<()> {
         if preconditions.is_empty() {
             return Ok(());
         }
-        match crate::ops::unmet(preconditions, self.current_version(hash, key)?) {
+        match crate::ops::unmet(preconditions, self.current_version(hash, key, early)?) {
             None => Ok(()),
             Some(why) => Err(Error::new(ErrorKind::PreconditionFailed, why)),
         }
@@ -1029,6 +1069,7 @@ impl Store {
                 appended: 0,
                 unsynced: Vec::new(),
                 prefix: Vec::new(),
+                last_stamp: 0,
             }),
             durable: Mutex::new(DurableState::default()),
             durable_cv: Condvar::new(),
@@ -1158,10 +1199,19 @@ impl Store {
             ));
         }
         let hash = sh.hash(key);
-        let header = Header { expiry_ms: opts.expiry_ms, ..new_header(0) };
+        let early = if opts.preconditions.is_empty() { None } else { sh.indexed_version(hash, key)? };
+        let mut header = new_header(0);
         let (pos, loc, seq) = {
             let Some(mut w) = self.writer(wait, record_len) else { return Ok(None) };
-            sh.check(hash, key, opts.preconditions)?;
+            sh.check(hash, key, opts.preconditions, early)?;
+            // Stamped under the lock, so store times (and versions) are unique and ordered.
+            header.stored_ms = w.stamp();
+            // A zero TTL expires at once, even if the stamp ran ahead of the clock.
+            header.expiry_ms = match opts.ttl {
+                None => 0,
+                Some(t) if t.is_zero() => 1,
+                Some(t) => header.stored_ms.saturating_add(t.as_millis() as u64),
+            };
             let (pos, loc) = sh.append(&mut w, header, key, &meta_block, value, value_crc)?;
             // A colliding key loses its entry here: it becomes a miss, never a wrong value.
             sh.index.insert(hash, loc);
@@ -1227,7 +1277,10 @@ impl Store {
         check_key(key)?;
         let sh = &*self.shared;
         let hash = sh.hash(key);
-        if let Some(v) = self.memory_hit(hash, key) {
+        // Hits and misses count reads of values: a look at a value's description (a HEAD, a
+        // revalidation, a conditional write's early check) is not one.
+        let count = part != Part::Nothing;
+        if let Some(v) = self.memory_hit(hash, key, count) {
             return Ok(Some(Some(v.narrow(part))));
         }
         let found = match sh.index.get(hash) {
@@ -1243,13 +1296,15 @@ impl Store {
                 }
             },
         };
-        let c = if found.is_some() { &sh.counters.hits } else { &sh.counters.misses };
-        c.fetch_add(1, Ordering::Relaxed);
+        if count {
+            let c = if found.is_some() { &sh.counters.hits } else { &sh.counters.misses };
+            c.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(Some(found))
     }
 
-    /// A memory hit, counted; an expired entry is dropped.
-    fn memory_hit(&self, hash: u64, key: &[u8]) -> Option<Value> {
+    /// A memory hit (counted if `count`); an expired entry is dropped.
+    fn memory_hit(&self, hash: u64, key: &[u8], count: bool) -> Option<Value> {
         let sh = &*self.shared;
         let m = sh.memory.as_ref()?;
         let c = m.get(key)?;
@@ -1257,8 +1312,10 @@ impl Store {
             m.invalidate(hash, key);
             return None;
         }
-        m.hits.fetch_add(1, Ordering::Relaxed);
-        sh.counters.hits.fetch_add(1, Ordering::Relaxed);
+        if count {
+            m.hits.fetch_add(1, Ordering::Relaxed);
+            sh.counters.hits.fetch_add(1, Ordering::Relaxed);
+        }
         Some(Value::from_cached(c))
     }
 
@@ -1266,7 +1323,7 @@ impl Store {
         check_key(key)?;
         let sh = &*self.shared;
         let hash = sh.hash(key);
-        if let Some(v) = self.memory_hit(hash, key) {
+        if let Some(v) = self.memory_hit(hash, key, true) {
             return Ok(Some(Some(v)));
         }
         // `reads` is how many gets this read answers, for admission; 0 = counted elsewhere.
@@ -1361,22 +1418,36 @@ impl Store {
         if !wait && !preconditions.is_empty() {
             return Ok(None);
         }
+        let early = if preconditions.is_empty() { None } else { sh.indexed_version(hash, key)? };
         let (seq, in_memory) = {
             let need = record::padded((HEADER_LEN + key.len()) as u64);
             let Some(mut w) = self.writer(wait, need) else { return Ok(None) };
-            sh.check(hash, key, preconditions)?;
+            sh.check(hash, key, preconditions, early)?;
+            let now = now_ms();
+            let live = |expiry_ms: u64| expiry_ms == 0 || expiry_ms > now;
             let seq = match sh.index.get(hash) {
-                Some(loc) if sh.key_at(loc, key) => {
-                    sh.append(&mut w, new_header(FLAG_TOMBSTONE), key, b"", b"", crc32c::crc32c(b""))?;
-                    sh.index.remove_if_eq(hash, loc);
-                    Some(w.appended)
-                }
-                _ => None,
+                Some(loc) => match sh.header_at(loc, key) {
+                    Some(h) if live(h.expiry_ms) => {
+                        let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_TOMBSTONE) };
+                        sh.append(&mut w, header, key, b"", b"", crc32c::crc32c(b""))?;
+                        sh.index.remove_if_eq(hash, loc);
+                        Some(w.appended)
+                    }
+                    // Expired: absent already. No tombstone is needed, as the record stays
+                    // expired across restarts.
+                    Some(_) => {
+                        sh.index.remove_if_eq(hash, loc);
+                        None
+                    }
+                    None => None,
+                },
+                None => None,
             };
             // Memory may hold the key after the ring evicted its record: that counts as
-            // present. Dropped under the writer lock, so that a conditional write after this
-            // delete never finds the value in memory.
-            (seq, sh.memory.as_ref().is_some_and(|m| m.invalidate(hash, key)))
+            // present, unless expired. Dropped under the writer lock, so that a conditional
+            // write after this delete never finds the value in memory.
+            let held = sh.memory.as_ref().and_then(|m| m.take(hash, key));
+            (seq, held.is_some_and(|c| live(c.expiry_ms)))
         };
         if let (Some(seq), FsyncPolicy::Always) = (seq, sh.cfg.fsync) {
             sh.wait_durable(seq)?;

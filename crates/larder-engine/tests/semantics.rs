@@ -5,6 +5,7 @@ use larder_engine::{
 };
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
+use std::time::Duration;
 
 fn config(dir: &Path, memory: u64) -> StoreConfig {
     StoreConfig {
@@ -26,22 +27,28 @@ fn expired_keys_are_absent_before_and_after_a_restart_and_dropped_when_read() {
     let dir = tempfile::tempdir().unwrap();
     for memory in [0, 1 << 20] {
         let store = Store::open(config(dir.path(), memory)).unwrap();
-        let soon = PutOptions { expiry_ms: now_ms() + 300, ..PutOptions::default() };
+        let soon = PutOptions { ttl: Some(Duration::from_millis(300)), ..PutOptions::default() };
         store.put_with(b"short", b"lived", &soon).unwrap();
-        store.put_with(b"later", b"lived", &PutOptions { expiry_ms: now_ms() + 600_000, ..soon }).unwrap();
+        store.put_with(b"later", b"lived", &PutOptions { ttl: Some(Duration::from_millis(600_000)), ..soon }).unwrap();
         store.put(b"forever", b"lived").unwrap();
         let v = store.get(b"short").unwrap().expect("not expired yet");
         assert!(v.expiry_ms > now_ms());
         let _ = store.get(b"short").unwrap(); // with memory on, now a memory hit
         let keys = store.stats().keys;
-        std::thread::sleep(std::time::Duration::from_millis(400));
+        std::thread::sleep(Duration::from_millis(400));
         assert!(store.get(b"short").unwrap().is_none(), "memory {memory}: expired key served");
         assert!(store.get_part(b"short", Part::Nothing).unwrap().is_none());
         assert_eq!(store.stats().keys, keys - 1, "the expired entry was dropped when read");
         assert!(store.get(b"later").unwrap().is_some() && store.get(b"forever").unwrap().is_some());
-        store.put_with(b"short", b"again", &PutOptions { expiry_ms: now_ms() + 300, ..PutOptions::default() }).unwrap();
+        store
+            .put_with(
+                b"short",
+                b"again",
+                &PutOptions { ttl: Some(Duration::from_millis(300)), ..PutOptions::default() },
+            )
+            .unwrap();
         drop(store);
-        std::thread::sleep(std::time::Duration::from_millis(400));
+        std::thread::sleep(Duration::from_millis(400));
         let store = Store::open(config(dir.path(), memory)).unwrap();
         assert!(store.get(b"short").unwrap().is_none(), "expired across a restart");
         let later = store.get(b"later").unwrap().expect("still live");
@@ -68,8 +75,7 @@ fn content_type_and_version_survive_memory_disk_and_restart() {
     }
     assert_eq!(disk.version(), memory.version());
     assert!(store.get(b"plain").unwrap().unwrap().content_type.is_none());
-    // Storing the same bytes again makes a new version.
-    std::thread::sleep(std::time::Duration::from_millis(2));
+    // Storing the same bytes again makes a new version, even within the same millisecond.
     store.put_with(b"img", b"\x89PNG...", &opts).unwrap();
     let again = store.get(b"img").unwrap().unwrap();
     assert_ne!(again.version(), disk.version());
@@ -107,7 +113,7 @@ fn flip(dir: &Path, volume: u32, at: u64) {
 }
 
 #[test]
-fn ranges_of_a_large_value_read_and_verify_only_their_blocks() {
+fn ranges_of_a_large_value_verify_only_their_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(config(dir.path(), 0)).unwrap();
     let big = bytes(3 << 20, 1); // 3 MiB: 64 KiB blocks
@@ -173,7 +179,7 @@ fn conditional_writes_check_the_current_version_atomically() {
     assert_eq!(again.unwrap_err().kind(), ErrorKind::PreconditionFailed);
     let two = store.get(b"k").unwrap().unwrap();
     assert_eq!(&two.data[..], b"two");
-    let _ = store.get(b"k").unwrap(); // a memory hit now: the check reads the index first
+    let _ = store.get(b"k").unwrap(); // promoted: memory and disk agree
     let stale = store.delete_if(b"k", &if_one);
     assert_eq!(stale.unwrap_err().kind(), ErrorKind::PreconditionFailed);
     assert!(store.delete_if(b"k", &[Precondition::OneOf(vec![two.version()])]).unwrap());
@@ -207,12 +213,12 @@ fn expired_entries_are_neither_promoted_nor_reinserted() {
     let mut cfg = config(dir.path(), 1 << 20);
     (cfg.volume_size, cfg.volume_count, cfg.memory.promote_after, cfg.reinsert_min_hits) = (64 << 10, 3, 2, 1);
     let store = Store::open(cfg).unwrap();
-    let ttl = || PutOptions { expiry_ms: now_ms() + 200, ..PutOptions::default() };
+    let ttl = || PutOptions { ttl: Some(Duration::from_millis(200)), ..PutOptions::default() };
     store.put_with(b"promote-me", b"v", &ttl()).unwrap();
     store.put_with(b"reinsert-me", b"v", &ttl()).unwrap();
     // One disk read each before expiry: half-way to promotion, and read enough to reinsert.
     assert!(store.get(b"promote-me").unwrap().is_some() && store.get(b"reinsert-me").unwrap().is_some());
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(300));
     assert!(store.get(b"promote-me").unwrap().is_none(), "the second read finds it expired");
     assert_eq!(store.stats().memory_entries, 0, "an expired value is not promoted");
     // Turn the ring past the volume holding reinsert-me, settling after each write so the
@@ -229,4 +235,79 @@ fn expired_entries_are_neither_promoted_nor_reinserted() {
     assert_eq!(st.reinserted, 0, "an expired entry is not copied forward");
     assert!(st.reinsert_skipped >= 1);
     assert!(store.get(b"reinsert-me").unwrap().is_none());
+}
+
+#[test]
+fn compare_and_swap_increments_are_never_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(config(dir.path(), 1 << 20)).unwrap();
+    store.put(b"counter", b"0").unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                let mut done = 0;
+                while done < 50 {
+                    let v = store.get(b"counter").unwrap().unwrap();
+                    let n: u64 = std::str::from_utf8(&v.data).unwrap().parse().unwrap();
+                    let cas = [Precondition::OneOf(vec![v.version()])];
+                    let opts = PutOptions { preconditions: &cas, ..PutOptions::default() };
+                    match store.put_with(b"counter", (n + 1).to_string().as_bytes(), &opts) {
+                        Ok(_) => done += 1,
+                        Err(e) => assert_eq!(e.kind(), ErrorKind::PreconditionFailed),
+                    }
+                }
+            });
+        }
+        // Unconditional writes of other keys meanwhile move the writer and the ring.
+        s.spawn(|| {
+            for i in 0..500 {
+                store.put(format!("other/{i}").as_bytes(), &bytes(3000, i)).unwrap();
+            }
+        });
+    });
+    assert_eq!(&store.get(b"counter").unwrap().unwrap().data[..], b"200");
+}
+
+#[test]
+fn a_value_only_memory_holds_is_the_current_one_for_conditions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), 1 << 20);
+    (cfg.volume_size, cfg.volume_count, cfg.reinsert_min_hits) = (64 << 10, 3, 0);
+    let store = Store::open(cfg).unwrap();
+    store.put(b"k", b"held in memory").unwrap();
+    let v = store.get(b"k").unwrap().unwrap(); // promoted (promote_after 1)
+    let mut i = 0;
+    while store.stats().rotations < 4 {
+        store.put(format!("fill/{i}").as_bytes(), &bytes(4000, i)).unwrap();
+        store.settle();
+        i += 1;
+    }
+    assert_eq!(store.get(b"k").unwrap().unwrap().tier, Tier::Memory, "the volume is gone, memory answers");
+    let absent = [Precondition::Absent];
+    let err = store.put_with(b"k", b"x", &PutOptions { preconditions: &absent, ..PutOptions::default() });
+    assert_eq!(err.unwrap_err().kind(), ErrorKind::PreconditionFailed);
+    let cas = [Precondition::OneOf(vec![v.version()])];
+    store.put_with(b"k", b"replaced", &PutOptions { preconditions: &cas, ..PutOptions::default() }).unwrap();
+    assert_eq!(&store.get(b"k").unwrap().unwrap().data[..], b"replaced");
+}
+
+#[test]
+fn deleting_an_expired_key_finds_nothing_and_a_zero_ttl_replaces_with_an_expired_value() {
+    let dir = tempfile::tempdir().unwrap();
+    for memory in [0, 1 << 20] {
+        let store = Store::open(config(dir.path(), memory)).unwrap();
+        store
+            .put_with(b"k", b"v", &PutOptions { ttl: Some(Duration::from_millis(100)), ..PutOptions::default() })
+            .unwrap();
+        let _ = store.get(b"k").unwrap(); // into memory when it is on
+        std::thread::sleep(Duration::from_millis(150));
+        let deletes = store.stats().deletes;
+        assert!(!store.delete(b"k").unwrap(), "memory {memory}: an expired key is absent");
+        assert_eq!(store.stats().deletes, deletes);
+        store.put(b"z", b"old").unwrap();
+        store.put_with(b"z", b"new", &PutOptions { ttl: Some(Duration::ZERO), ..PutOptions::default() }).unwrap();
+        assert!(store.get(b"z").unwrap().is_none(), "expired at once, and the old value is gone");
+        drop(store);
+        std::fs::remove_dir_all(dir.path()).unwrap();
+    }
 }

@@ -2,7 +2,10 @@
 //! (`X-TTL`, `Cache-Control: max-age`), validators (`ETag`, `Last-Modified`), ranges and the
 //! conditional request headers (RFC 9110 §8.8, §13, §14; RFC 9111 §5.2).
 
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, IF_MATCH, IF_NONE_MATCH};
+use hyper::header::{
+    HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE,
+    IF_UNMODIFIED_SINCE,
+};
 use larder_engine::{ByteRange, Precondition, Value, Version};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -18,13 +21,15 @@ pub fn etag(v: Version) -> HeaderValue {
     HeaderValue::try_from(tag).expect("hex digits, dashes and quotes are valid header bytes")
 }
 
-/// The version an entity tag made by [`etag`] names; `None` for any other tag.
+/// The version an entity tag made by [`etag`] names; `None` for any other tag. Strict: the
+/// tag must be exactly what [`etag`] writes (strong comparison is byte for byte).
 fn parse_etag(opaque: &str) -> Option<Version> {
     let mut parts = opaque.split('-');
     let len = u64::from_str_radix(parts.next()?, 16).ok()?;
-    let crc = parts.next().filter(|c| c.len() == 8).and_then(|c| u32::from_str_radix(c, 16).ok())?;
+    let crc = u32::from_str_radix(parts.next()?, 16).ok()?;
     let stored_ms = u64::from_str_radix(parts.next()?, 16).ok()?;
-    parts.next().is_none().then_some(Version { len, crc, stored_ms })
+    let v = Version { len, crc, stored_ms };
+    (parts.next().is_none() && etag(v).as_bytes()[1..].strip_suffix(b"\"") == Some(opaque.as_bytes())).then_some(v)
 }
 
 /// An `If-Match` / `If-None-Match` header: `*` or a list of entity tags.
@@ -79,14 +84,18 @@ impl Tags {
     }
 }
 
-/// Preconditions of a write from `If-Match` (strong comparison) and `If-None-Match` (weak),
-/// checked by the engine atomically with the write.
+/// Preconditions of a write from `If-Match` (strong comparison), else `If-Unmodified-Since`,
+/// and `If-None-Match` (weak), checked by the engine atomically with the write.
 pub fn write_preconditions(headers: &HeaderMap) -> Vec<Precondition> {
     let mut p = Vec::new();
     match Tags::of(headers, &IF_MATCH) {
         Some(Tags::Any) => p.push(Precondition::Present),
         Some(t) => p.push(Precondition::OneOf(t.versions(false))),
-        None => {}
+        None => {
+            if let Some(since) = date(headers, &IF_UNMODIFIED_SINCE) {
+                p.push(Precondition::UnmodifiedSince(since));
+            }
+        }
     }
     match Tags::of(headers, &IF_NONE_MATCH) {
         Some(Tags::Any) => p.push(Precondition::Absent),
@@ -96,26 +105,40 @@ pub fn write_preconditions(headers: &HeaderMap) -> Vec<Precondition> {
     p
 }
 
-/// Whether a GET or HEAD should answer 304 (RFC 9110 §13.2.2: `If-None-Match` decides when
-/// present, else `If-Modified-Since`; an unparsable date is ignored).
+/// A date header, in seconds since the epoch; `None` when absent or not an HTTP date (which
+/// RFC 9110 says to ignore).
+fn date(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    let h = headers.get(name)?.to_str().ok()?;
+    httpdate::parse_http_date(h).ok().map(secs)
+}
+
+/// Whether a GET or HEAD of an existing value fails `If-Match` (strong comparison) or, without
+/// it, `If-Unmodified-Since` (RFC 9110 §13.2.2 steps 1–2): answered 412, so that a client
+/// downloading a value in parts never gets parts of two versions.
+pub fn read_precondition_failed(headers: &HeaderMap, v: &Value) -> bool {
+    match Tags::of(headers, &IF_MATCH) {
+        Some(Tags::Any) => false,
+        Some(t) => !t.versions(false).contains(&v.version()),
+        None => date(headers, &IF_UNMODIFIED_SINCE).is_some_and(|since| modified_secs(v) > since),
+    }
+}
+
+/// Whether a GET or HEAD should answer 304 (RFC 9110 §13.2.2 steps 3–4: `If-None-Match`
+/// decides when present, else `If-Modified-Since`).
 pub fn not_modified(headers: &HeaderMap, v: &Value) -> bool {
     if let Some(tags) = Tags::of(headers, &IF_NONE_MATCH) {
         return tags.matches_weakly(v.version());
     }
-    let since = headers.get(hyper::header::IF_MODIFIED_SINCE).and_then(|h| h.to_str().ok());
-    since.and_then(|s| httpdate::parse_http_date(s).ok()).is_some_and(|since| modified_secs(v) <= secs(since))
+    date(headers, &IF_MODIFIED_SINCE).is_some_and(|since| modified_secs(v) <= since)
 }
 
-/// Whether `If-Range` (if any) lets a range be served: its validator must name the current
-/// value (a strong tag, or exactly the Last-Modified date).
+/// Whether `If-Range` (if any) lets a range be served: only a strong tag naming the current
+/// value does. A date never does: Last-Modified has whole seconds, and two versions stored in
+/// the same second would let a client join parts of both (RFC 9110 §13.1.5).
 pub fn if_range_holds(headers: &HeaderMap, v: &Value) -> bool {
-    let Some(h) = headers.get(hyper::header::IF_RANGE) else { return true };
-    let Ok(h) = h.to_str() else { return false };
-    let h = h.trim();
-    if let Some(opaque) = h.strip_prefix('"').and_then(|q| q.strip_suffix('"')) {
-        return parse_etag(opaque) == Some(v.version());
-    }
-    httpdate::parse_http_date(h).is_ok_and(|d| secs(d) == modified_secs(v))
+    let Some(h) = headers.get(IF_RANGE) else { return true };
+    let opaque = h.to_str().ok().map(str::trim).and_then(|h| h.strip_prefix('"')).and_then(|q| q.strip_suffix('"'));
+    opaque.is_some_and(|o| parse_etag(o) == Some(v.version()))
 }
 
 fn secs(t: SystemTime) -> u64 {
@@ -127,15 +150,21 @@ fn modified_secs(v: &Value) -> u64 {
 }
 
 pub fn last_modified(v: &Value) -> HeaderValue {
-    let t = UNIX_EPOCH + Duration::from_secs(modified_secs(v));
+    // httpdate cannot format years past 9999; only a clock set absurdly far ahead gets there.
+    let t = UNIX_EPOCH + Duration::from_secs(modified_secs(v).min(253_402_300_799));
     HeaderValue::try_from(httpdate::fmt_http_date(t)).expect("an HTTP date is a valid header value")
 }
 
-/// `Cache-Control` for a value with an expiry: the whole seconds it has left, rounded down
-/// so that no downstream cache keeps it past its expiry.
-pub fn cache_control(v: &Value, now_ms: u64) -> Option<HeaderValue> {
+/// `Cache-Control` of a value: with an expiry, the whole seconds it has left, rounded down so
+/// that no downstream cache keeps it past its expiry. Without one, `no-cache`: a value can be
+/// replaced at any moment, and without a directive browsers would keep it for a guessed
+/// share of its age (RFC 9111 §4.2.2); with `no-cache` they revalidate, which costs a 304.
+pub fn cache_control(v: &Value, now_ms: u64) -> HeaderValue {
+    if v.expiry_ms == 0 {
+        return HeaderValue::from_static("no-cache");
+    }
     let left = v.expiry_ms.saturating_sub(now_ms) / 1000;
-    (v.expiry_ms != 0).then(|| HeaderValue::try_from(format!("max-age={left}")).expect("ASCII"))
+    HeaderValue::try_from(format!("max-age={left}")).expect("ASCII")
 }
 
 /// A value with no surrounding whitespace that is all ASCII digits, as a number of seconds.
@@ -148,18 +177,19 @@ fn seconds(s: &str) -> Option<u64> {
         .filter(|&n| n <= MAX_TTL_SECS)
 }
 
-/// The expiry of a PUT, in ms since the epoch (0 = never): `X-TTL` seconds, else
-/// `Cache-Control: max-age`, else `default_ttl`. A TTL of 0 means no expiry.
-pub fn expiry(headers: &HeaderMap, default_ttl: Duration, now_ms: u64) -> Result<u64, String> {
-    let ttl = if let Some(v) = headers.get(&X_TTL) {
+/// The TTL of a PUT (`None` = no expiry): `X-TTL` seconds (`0` = no expiry, overriding the
+/// default), else `Cache-Control: max-age` (`0` = stale at once, as HTTP means it: the value
+/// replaces the old one and is already expired), else `default_ttl` (zero = none).
+pub fn ttl(headers: &HeaderMap, default_ttl: Duration) -> Result<Option<Duration>, String> {
+    if let Some(v) = headers.get(&X_TTL) {
         let bad = || format!("X-TTL must be a whole number of seconds from 0 to {MAX_TTL_SECS}\n");
-        seconds(v.to_str().map_err(|_| bad())?).ok_or_else(bad)?
-    } else if let Some(age) = max_age(headers)? {
-        age
-    } else {
-        return Ok(if default_ttl.is_zero() { 0 } else { now_ms + default_ttl.as_millis() as u64 });
-    };
-    Ok(if ttl == 0 { 0 } else { now_ms + ttl * 1000 })
+        let secs = seconds(v.to_str().map_err(|_| bad())?).ok_or_else(bad)?;
+        return Ok((secs > 0).then(|| Duration::from_secs(secs)));
+    }
+    if let Some(age) = max_age(headers)? {
+        return Ok(Some(Duration::from_secs(age)));
+    }
+    Ok((!default_ttl.is_zero()).then_some(default_ttl))
 }
 
 /// The `max-age` directive of the request's `Cache-Control` lines, if there is one.
@@ -224,23 +254,27 @@ mod tests {
         let h = headers(&[("if-match", s), ("if-none-match", "*")]);
         assert_eq!(write_preconditions(&h), vec![Precondition::OneOf(vec![v]), Precondition::Absent]);
         assert_eq!(parse_etag("1-2-3"), None, "the CRC has 8 hex digits");
+        let loose = s[1..s.len() - 1].to_uppercase();
+        assert_eq!(parse_etag(&loose), None, "strong comparison is byte for byte");
+        assert_eq!(parse_etag(&format!("0{}", &s[1..s.len() - 1])), None);
     }
 
     #[test]
     fn ttl_headers() {
-        let d0 = Duration::ZERO;
-        assert_eq!(expiry(&headers(&[("x-ttl", "60")]), d0, 1000), Ok(61_000));
-        assert_eq!(expiry(&headers(&[("x-ttl", "0")]), Duration::from_secs(5), 1000), Ok(0));
+        let (d0, s) = (Duration::ZERO, Duration::from_secs);
+        assert_eq!(ttl(&headers(&[("x-ttl", "60")]), d0), Ok(Some(s(60))));
+        assert_eq!(ttl(&headers(&[("x-ttl", "0")]), s(5)), Ok(None), "0 overrides the default");
         for bad in ["-1", "1.5", "abc", "", "1e3", "99999999999999999999"] {
-            assert!(expiry(&headers(&[("x-ttl", bad)]), d0, 0).is_err(), "{bad:?}");
+            assert!(ttl(&headers(&[("x-ttl", bad)]), d0).is_err(), "{bad:?}");
         }
         let both = headers(&[("x-ttl", "5"), ("cache-control", "max-age=100")]);
-        assert_eq!(expiry(&both, d0, 0), Ok(5_000), "X-TTL wins");
+        assert_eq!(ttl(&both, d0), Ok(Some(s(5))), "X-TTL wins");
         let cc = headers(&[("cache-control", "public"), ("cache-control", "no-transform, MAX-AGE=30")]);
-        assert_eq!(expiry(&cc, d0, 0), Ok(30_000));
-        assert!(expiry(&headers(&[("cache-control", "max-age=soon")]), d0, 0).is_err());
-        assert_eq!(expiry(&headers(&[]), Duration::from_millis(1500), 10), Ok(1510));
-        assert_eq!(expiry(&headers(&[("cache-control", "no-cache")]), d0, 10), Ok(0));
+        assert_eq!(ttl(&cc, d0), Ok(Some(s(30))));
+        assert_eq!(ttl(&headers(&[("cache-control", "max-age=0")]), s(5)), Ok(Some(d0)), "stale at once");
+        assert!(ttl(&headers(&[("cache-control", "max-age=soon")]), d0).is_err());
+        assert_eq!(ttl(&headers(&[]), Duration::from_millis(1500)), Ok(Some(Duration::from_millis(1500))));
+        assert_eq!(ttl(&headers(&[("cache-control", "no-cache")]), d0), Ok(None));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{
     HeaderMap, HeaderValue, ACCEPT_RANGES, ALLOW, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG,
-    LAST_MODIFIED,
+    IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED,
 };
 use hyper::{Method, Request, Response, StatusCode};
 use larder_engine::{meta, now_ms, ErrorKind, Part, Precondition, PutOptions, Store, Tier, Value};
@@ -233,9 +233,7 @@ fn describe(r: &mut Resp, v: &Value) {
     h.insert(ETAG, headers::etag(v.version()));
     h.insert(LAST_MODIFIED, headers::last_modified(v));
     h.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    if let Some(cc) = headers::cache_control(v, now_ms()) {
-        h.insert(CACHE_CONTROL, cc);
-    }
+    h.insert(CACHE_CONTROL, headers::cache_control(v, now_ms()));
     h.insert(X_POSITION.clone(), position_value(v.position));
     let tier = match v.tier {
         Tier::Memory => "MEMC",
@@ -252,57 +250,59 @@ fn with_status(status: StatusCode, body: Bytes) -> Resp {
     r
 }
 
-/// GET and HEAD, with validators (304), a single byte range (206/416) and `If-Range`.
+/// GET and HEAD, with preconditions (412), validators (304), a single byte range (206/416)
+/// and `If-Range`.
 ///
-/// A plain GET is one read of the whole value. A HEAD, a conditional GET and a range GET
-/// with `If-Range` first read only what describes the value (for a large value, the front of
-/// its record); a ranged GET reads just the blocks that hold the range.
+/// A plain or ranged GET is one read: of the whole value, or of just the blocks that hold the
+/// range. A HEAD or a revalidation first reads only what describes the value (for a large
+/// value, the front of its record), so that a 304 never reads the body.
 async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>, req: &HeaderMap, head: bool) -> Resp {
-    let range = if head { None } else { headers::range(req) };
-    let conditional = req.contains_key(hyper::header::IF_NONE_MATCH)
-        || req.contains_key(hyper::header::IF_MODIFIED_SINCE)
-        || (range.is_some() && req.contains_key(hyper::header::IF_RANGE));
-    let mut part = range.map_or(Part::Whole, Part::Range);
-    let described = if head || conditional {
-        match read(app, store, &key, Part::Nothing).await {
-            Ok(Some(v)) => Some(v),
-            Ok(None) => return text(StatusCode::NOT_FOUND, "not found\n"),
-            Err(e) => return engine_error(&e, Op::Read),
-        }
-    } else {
-        None
+    let found = |r: larder_engine::Result<Option<Value>>| match r {
+        Ok(Some(v)) => Ok(v),
+        Ok(None) => Err(Box::new(text(StatusCode::NOT_FOUND, "not found\n"))),
+        Err(e) => Err(Box::new(engine_error(&e, Op::Read))),
     };
-    if let Some(d) = &described {
-        if headers::not_modified(req, d) {
+    let failed = || text(StatusCode::PRECONDITION_FAILED, "precondition failed\n");
+    let revalidation = req.contains_key(IF_NONE_MATCH) || req.contains_key(IF_MODIFIED_SINCE);
+    if head || revalidation {
+        let d = match found(read(app, store, &key, Part::Nothing).await) {
+            Ok(d) => d,
+            Err(r) => return *r,
+        };
+        if headers::read_precondition_failed(req, &d) {
+            return failed();
+        }
+        if headers::not_modified(req, &d) {
             let mut r = with_status(StatusCode::NOT_MODIFIED, Bytes::new());
-            describe(&mut r, d);
+            describe(&mut r, &d);
             r.headers_mut().remove(CONTENT_TYPE);
             return r;
         }
         if head {
             let mut r = with_status(StatusCode::OK, Bytes::new());
-            describe(&mut r, d);
+            describe(&mut r, &d);
             r.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(d.len));
             return r;
         }
-        if !headers::if_range_holds(req, d) {
-            part = Part::Whole;
-        }
     }
-    let mut v = match read(app, store, &key, part).await {
-        Ok(Some(v)) => v,
-        Ok(None) => return text(StatusCode::NOT_FOUND, "not found\n"),
-        Err(e) => return engine_error(&e, Op::Read),
+    let range = headers::range(req);
+    let mut part = range.map_or(Part::Whole, Part::Range);
+    let mut v = match found(read(app, store, &key, part).await) {
+        Ok(v) => v,
+        Err(r) => return *r,
     };
-    // A range granted by If-Range is only for the version it named: if a write came between
-    // the two reads, send the new value whole.
-    if part != Part::Whole && req.contains_key(hyper::header::IF_RANGE) && !headers::if_range_holds(req, &v) {
-        v = match read(app, store, &key, Part::Whole).await {
-            Ok(Some(v)) => v,
-            Ok(None) => return text(StatusCode::NOT_FOUND, "not found\n"),
-            Err(e) => return engine_error(&e, Op::Read),
-        };
+    // If-Range names the version a client already holds parts of: for any other, the whole
+    // value. Checked on what was read, so a write between two reads cannot mix versions.
+    if part != Part::Whole && !headers::if_range_holds(req, &v) {
         part = Part::Whole;
+        v = match found(read(app, store, &key, part).await) {
+            Ok(v) => v,
+            Err(r) => return *r,
+        };
+    }
+    // Checked on the bytes about to be sent, whichever read they came from.
+    if headers::read_precondition_failed(req, &v) {
+        return failed();
     }
     let Part::Range(range) = part else {
         let mut r = with_status(StatusCode::OK, v.data.clone());
@@ -374,7 +374,7 @@ async fn blocking<T: Send + 'static>(
 
 /// What a PUT asks for besides its body, read from its headers before the body.
 struct PutHeaders {
-    expiry_ms: u64,
+    ttl: Option<std::time::Duration>,
     content_type: Option<Bytes>,
     preconditions: Vec<Precondition>,
 }
@@ -382,24 +382,22 @@ struct PutHeaders {
 impl PutHeaders {
     /// The headers, or the one-line message of a 400.
     fn parse(h: &HeaderMap, settings: &Settings) -> Result<PutHeaders, String> {
-        let expiry_ms = headers::expiry(h, settings.default_ttl, now_ms())?;
+        let ttl = headers::ttl(h, settings.default_ttl)?;
         let content_type = match h.get(CONTENT_TYPE) {
             Some(t) if t.len() > meta::MAX_CONTENT_TYPE => {
                 return Err(format!("Content-Type longer than {} bytes\n", meta::MAX_CONTENT_TYPE));
             }
-            // The default is what GET answers for a value stored without a type.
-            Some(t) if t.as_bytes() != DEFAULT_CONTENT_TYPE.as_bytes() => Some(Bytes::copy_from_slice(t.as_bytes())),
+            // The default is what GET answers for a value stored without a type (or an empty one).
+            Some(t) if !t.is_empty() && t.as_bytes() != DEFAULT_CONTENT_TYPE.as_bytes() => {
+                Some(Bytes::copy_from_slice(t.as_bytes()))
+            }
             _ => None,
         };
-        Ok(PutHeaders { expiry_ms, content_type, preconditions: headers::write_preconditions(h) })
+        Ok(PutHeaders { ttl, content_type, preconditions: headers::write_preconditions(h) })
     }
 
     fn options(&self) -> PutOptions<'_> {
-        PutOptions {
-            expiry_ms: self.expiry_ms,
-            content_type: self.content_type.as_deref(),
-            preconditions: &self.preconditions,
-        }
+        PutOptions { ttl: self.ttl, content_type: self.content_type.as_deref(), preconditions: &self.preconditions }
     }
 }
 
