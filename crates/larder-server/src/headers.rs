@@ -14,11 +14,63 @@ pub static X_TTL: HeaderName = HeaderName::from_static("x-ttl");
 /// Longest TTL accepted: 100 years, in seconds.
 pub const MAX_TTL_SECS: u64 = 100 * 365 * 24 * 3600;
 
+/// A header value built in a stack buffer: these are written for every GET, and `format!`
+/// with its growing `String` cost a measurable share of a memory hit's CPU time.
+pub struct Line {
+    buf: [u8; 64],
+    len: usize,
+}
+
+impl Line {
+    pub fn new() -> Line {
+        Line { buf: [0; 64], len: 0 }
+    }
+
+    pub fn push(&mut self, s: &[u8]) -> &mut Line {
+        self.buf[self.len..self.len + s.len()].copy_from_slice(s);
+        self.len += s.len();
+        self
+    }
+
+    /// `v` in lowercase hex, at least `width` digits.
+    pub fn hex(&mut self, v: u64, width: usize) -> &mut Line {
+        let digits = (16 - v.leading_zeros() as usize / 4).max(width).max(1);
+        for i in (0..digits).rev() {
+            self.buf[self.len] = b"0123456789abcdef"[(v >> (4 * i)) as usize & 15];
+            self.len += 1;
+        }
+        self
+    }
+
+    /// `v` in decimal, at least `width` digits.
+    pub fn dec(&mut self, v: u64, width: usize) -> &mut Line {
+        let mut digits = [0u8; 20];
+        let (mut n, mut at) = (v, digits.len());
+        while n > 0 || digits.len() - at < width.max(1) {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        self.push(&digits[at..])
+    }
+
+    pub fn value(&self) -> HeaderValue {
+        HeaderValue::from_bytes(&self.buf[..self.len]).expect("built from ASCII")
+    }
+}
+
 /// The strong entity tag of a stored value: its length, CRC32C and store time. Equal tags
 /// mean equal bytes (and a re-stored value gets a new tag), which is what `If-Match` needs.
 pub fn etag(v: Version) -> HeaderValue {
-    let tag = format!("\"{:x}-{:08x}-{:x}\"", v.len, v.crc, v.stored_ms);
-    HeaderValue::try_from(tag).expect("hex digits, dashes and quotes are valid header bytes")
+    Line::new()
+        .push(b"\"")
+        .hex(v.len, 1)
+        .push(b"-")
+        .hex(v.crc as u64, 8)
+        .push(b"-")
+        .hex(v.stored_ms, 1)
+        .push(b"\"")
+        .value()
 }
 
 /// The version an entity tag made by [`etag`] names; `None` for any other tag. Strict: the
@@ -150,9 +202,31 @@ fn modified_secs(v: &Value) -> u64 {
 }
 
 pub fn last_modified(v: &Value) -> HeaderValue {
-    // httpdate cannot format years past 9999; only a clock set absurdly far ahead gets there.
-    let t = UNIX_EPOCH + Duration::from_secs(modified_secs(v).min(253_402_300_799));
-    HeaderValue::try_from(httpdate::fmt_http_date(t)).expect("an HTTP date is a valid header value")
+    http_date(modified_secs(v))
+}
+
+/// An IMF-fixdate (RFC 9110 §5.6.7), e.g. `Sun, 06 Nov 1994 08:49:37 GMT`, for `secs` since
+/// the epoch (clamped to the year 9999). The civil date comes from days since the epoch by
+/// H. Hinnant's `civil_from_days`.
+fn http_date(secs: u64) -> HeaderValue {
+    let secs = secs.min(253_402_300_799);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let z = days + 719_468;
+    let (era, doe) = (z / 146_097, z % 146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    const WEEKDAYS: [&[u8]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
+    const MONTHS: [&[u8]; 12] =
+        [b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec"];
+    let mut l = Line::new();
+    l.push(WEEKDAYS[(days % 7) as usize]).push(b", ").dec(day, 2).push(b" ");
+    l.push(MONTHS[month as usize - 1]).push(b" ").dec(year, 4).push(b" ");
+    l.dec(rem / 3600, 2).push(b":").dec(rem / 60 % 60, 2).push(b":").dec(rem % 60, 2).push(b" GMT");
+    l.value()
 }
 
 /// `Cache-Control` of a value: with an expiry, the whole seconds it has left, rounded down so
@@ -163,8 +237,7 @@ pub fn cache_control(v: &Value, now_ms: u64) -> HeaderValue {
     if v.expiry_ms == 0 {
         return HeaderValue::from_static("no-cache");
     }
-    let left = v.expiry_ms.saturating_sub(now_ms) / 1000;
-    HeaderValue::try_from(format!("max-age={left}")).expect("ASCII")
+    Line::new().push(b"max-age=").dec(v.expiry_ms.saturating_sub(now_ms) / 1000, 1).value()
 }
 
 /// A value with no surrounding whitespace that is all ASCII digits, as a number of seconds.
@@ -257,6 +330,23 @@ mod tests {
         let loose = s[1..s.len() - 1].to_uppercase();
         assert_eq!(parse_etag(&loose), None, "strong comparison is byte for byte");
         assert_eq!(parse_etag(&format!("0{}", &s[1..s.len() - 1])), None);
+    }
+
+    #[test]
+    fn dates_and_numbers_are_formatted_as_httpdate_and_format_do() {
+        for secs in [0, 59, 86_399, 951_782_400, 1_700_000_000, 4_107_542_400, 253_402_300_799] {
+            let ours = http_date(secs);
+            let theirs = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(secs));
+            assert_eq!(ours.to_str().unwrap(), theirs, "{secs}");
+        }
+        for s in (0..200_000_000u64).step_by(86_399 * 7 + 3_601) {
+            let theirs = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(s * 13));
+            assert_eq!(http_date(s * 13).to_str().unwrap(), theirs);
+        }
+        for v in [0u64, 1, 9, 10, 255, 4096, u32::MAX as u64, u64::MAX] {
+            assert_eq!(Line::new().dec(v, 1).value().to_str().unwrap(), v.to_string());
+            assert_eq!(Line::new().hex(v, 8).value().to_str().unwrap(), format!("{v:08x}"));
+        }
     }
 
     #[test]

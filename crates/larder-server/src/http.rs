@@ -70,10 +70,9 @@ fn engine_error(e: &larder_engine::Error, op: Op) -> Resp {
 }
 
 fn position_value(p: larder_engine::Position) -> HeaderValue {
-    let mut s = String::with_capacity(32);
-    use std::fmt::Write;
-    let _ = write!(s, "{},{},{}", p.volume, p.offset, p.size);
-    HeaderValue::try_from(s).expect("digits and commas are valid header bytes")
+    let mut l = headers::Line::new();
+    l.dec(p.volume as u64, 1).push(b",").dec(p.offset, 1).push(b",").dec(p.size, 1);
+    l.value()
 }
 
 /// Handles one request, timing it for the slow-request warning and the access log.
@@ -247,6 +246,8 @@ const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 fn with_status(status: StatusCode, body: Bytes) -> Resp {
     let mut r = Response::new(Full::new(body));
     *r.status_mut() = status;
+    // Room for describe()'s headers and hyper's own without growing the map.
+    *r.headers_mut() = HeaderMap::with_capacity(12);
     r
 }
 
