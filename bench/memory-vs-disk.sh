@@ -19,38 +19,13 @@ DISK_PORT=${DISK_PORT:-18242}
 
 cargo build --release -p larder-server -p larder-bench -q
 BENCH=target/release/larder-bench
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-start() { # name port extra-args...
-  local name=$1 port=$2
-  shift 2
-  taskset -c 1 target/release/larder serve --data-dir "$work/$name" --listen "127.0.0.1:$port" \
-    --log-level error "$@" >/dev/null &
-  pids+=($!)
-  echo $! >"$work/$name.pid"
-  for _ in $(seq 100); do
-    curl -sf -o /dev/null "http://127.0.0.1:$port/_larder/health" && return
-    sleep 0.1
-  done
-  echo "larder ($name) did not start" >&2
-  exit 1
-}
-start memory "$MEM_PORT" --memory-capacity 256MiB --promote-after 1
-start disk "$DISK_PORT" --memory-capacity 0
+. bench/lib.sh
+start_larder memory target/release/larder "$MEM_PORT" --memory-capacity 256MiB --promote-after 1
+start_larder disk target/release/larder "$DISK_PORT" --memory-capacity 0
 
 for port in $MEM_PORT $DISK_PORT; do
   echo "preloading $KEYS keys of $SIZE B on port $port, then reading each once" >&2
-  for w in put get; do
-    taskset -c 0 $BENCH http "http://127.0.0.1:$port/g" --workload $w --distribution sequential \
-      --keys "$KEYS" --requests "$KEYS" --value-size "$SIZE" --connections 16 --quiet
-  done
+  preload "$port" "$KEYS" "$SIZE"
 done
 entries=$(curl -s "http://127.0.0.1:$MEM_PORT/_larder/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["memory_entries"])')
 if [ "$entries" -ne "$KEYS" ]; then
@@ -58,7 +33,6 @@ if [ "$entries" -ne "$KEYS" ]; then
   exit 1
 fi
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$(cat "$work/$1.pid")/stat"; }
 stat_field() { curl -s "http://127.0.0.1:$1/_larder/stats" | python3 -c "import json,sys; print(json.load(sys.stdin)['$2'])"; }
 results="$work/results.txt"
 : >"$results"

@@ -1,0 +1,40 @@
+# Shared by the bench scripts that run larder servers side by side: source it after `cd`
+# to the repository root. Servers are pinned to core 1; loaders go on core 0.
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# start_larder NAME BINARY PORT [larder serve args...]: starts a server on a fresh data
+# directory and waits until it is healthy; its pid is in $work/NAME.pid.
+start_larder() {
+  local name=$1 bin=$2 port=$3
+  shift 3
+  taskset -c 1 "$bin" serve --data-dir "$work/$name" --listen "127.0.0.1:$port" --log-level error "$@" >/dev/null &
+  pids+=($!)
+  echo $! >"$work/$name.pid"
+  for _ in $(seq 100); do
+    curl -sf -o /dev/null "http://127.0.0.1:$port/_larder/health" && return
+    sleep 0.1
+  done
+  echo "larder ($name) did not start" >&2
+  exit 1
+}
+
+# cpu_ticks NAME: user + system CPU time of server NAME so far, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$(cat "$work/$1.pid")/stat"; }
+
+# preload PORT KEYS SIZE [READS]: PUTs KEYS values of SIZE bytes under /g0, /g1, … and reads
+# each READS times (default 1; the default --promote-after needs 2 to fill the memory tier).
+preload() {
+  local reads=${4:-1}
+  for w in put $(yes get | head -n "$reads"); do
+    taskset -c 0 target/release/larder-bench http "http://127.0.0.1:$1/g" --workload $w --distribution sequential \
+      --keys "$2" --requests "$2" --value-size "$3" --connections 16 --quiet
+  done
+}
