@@ -59,9 +59,9 @@ fn ttls_survive_a_restart_and_max_age_and_default_ttl_apply() {
     put(&mut c, "/default", &[]);
     put(&mut c, "/never", &[("X-TTL", "0")]);
     let r = c.get("/hour");
-    assert!((3599..=3600).contains(&max_age(&r)), "{:?}", r.header("cache-control"));
+    assert!((3590..=3600).contains(&max_age(&r)), "{:?}", r.header("cache-control"));
     assert_eq!(c.get("/never").header("cache-control"), Some("no-cache"), "no TTL: revalidate");
-    assert!(max_age(&c.get("/both")) >= 3599, "X-TTL wins over max-age");
+    assert!(max_age(&c.get("/both")) >= 3590, "X-TTL wins over max-age");
     // Bad TTLs are refused and change nothing.
     for bad in ["-1", "1.5", "soon", "99999999999999999999"] {
         let r = c.request("PUT", "/hour", &[("X-TTL", bad)], b"replaced");
@@ -90,7 +90,7 @@ fn ttls_survive_a_restart_and_max_age_and_default_ttl_apply() {
     for kept in ["/hour", "/both", "/never"] {
         assert_eq!(c.get(kept).status, 200, "{kept}");
     }
-    assert!((3597..=3599).contains(&max_age(&c.get("/hour"))), "the expiry is stored, not the TTL");
+    assert!((3500..=3598).contains(&max_age(&c.get("/hour"))), "the expiry is stored, not the TTL: it kept counting");
 }
 
 #[test]
