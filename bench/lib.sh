@@ -38,3 +38,12 @@ preload() {
       --keys "$2" --requests "$2" --value-size "$3" --connections 16 --quiet
   done
 }
+
+# start_nginx PORT: Debian's nginx with the peer configuration (bench/nginx.conf.in) on PORT,
+# its files under $work/ngx.
+start_nginx() {
+  mkdir -p "$work/ngx/logs" "$work/ngx/tmp" "$work/ngx/root"
+  sed "s#@DIR@#$work/ngx#g; s#@PORT@#$1#g" bench/nginx.conf.in >"$work/ngx/nginx.conf"
+  taskset -c 1 "${NGINX:-/usr/sbin/nginx}" -c "$work/ngx/nginx.conf" &
+  pids+=($!)
+}

@@ -21,19 +21,8 @@ cargo build --release -p larder-server -p larder-bench -q
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 BENCH=target/release/larder-bench
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-mkdir -p "$work/ngx/logs" "$work/ngx/tmp" "$work/ngx/root"
-sed "s#@DIR@#$work/ngx#g; s#@PORT@#$NGINX_PORT#g" bench/nginx.conf.in >"$work/ngx/nginx.conf"
-taskset -c 1 "$NGINX" -c "$work/ngx/nginx.conf" &
-pids+=($!)
+. bench/lib.sh
+start_nginx "$NGINX_PORT"
 taskset -c 1 target/release/larder serve --data-dir "$work/larder" --listen "127.0.0.1:$LARDER_PORT" --log-level error >/dev/null &
 pids+=($!)
 for port in $LARDER_PORT $NGINX_PORT; do
