@@ -27,7 +27,7 @@ fn expired_keys_are_absent_before_and_after_a_restart_and_dropped_when_read() {
     let dir = tempfile::tempdir().unwrap();
     for memory in [0, 1 << 20] {
         let store = Store::open(config(dir.path(), memory)).unwrap();
-        let soon = PutOptions { ttl: Some(Duration::from_millis(300)), ..PutOptions::default() };
+        let soon = PutOptions { ttl: Some(Duration::from_millis(600)), ..PutOptions::default() };
         store.put_with(b"short", b"lived", &soon).unwrap();
         store.put_with(b"later", b"lived", &PutOptions { ttl: Some(Duration::from_millis(600_000)), ..soon }).unwrap();
         store.put(b"forever", b"lived").unwrap();
@@ -35,7 +35,7 @@ fn expired_keys_are_absent_before_and_after_a_restart_and_dropped_when_read() {
         assert!(v.expiry_ms > now_ms());
         let _ = store.get(b"short").unwrap(); // with memory on, now a memory hit
         let keys = store.stats().keys;
-        std::thread::sleep(Duration::from_millis(400));
+        std::thread::sleep(Duration::from_millis(700));
         assert!(store.get(b"short").unwrap().is_none(), "memory {memory}: expired key served");
         assert!(store.get_part(b"short", Part::Nothing).unwrap().is_none());
         assert_eq!(store.stats().keys, keys - 1, "the expired entry was dropped when read");
@@ -44,11 +44,11 @@ fn expired_keys_are_absent_before_and_after_a_restart_and_dropped_when_read() {
             .put_with(
                 b"short",
                 b"again",
-                &PutOptions { ttl: Some(Duration::from_millis(300)), ..PutOptions::default() },
+                &PutOptions { ttl: Some(Duration::from_millis(600)), ..PutOptions::default() },
             )
             .unwrap();
         drop(store);
-        std::thread::sleep(Duration::from_millis(400));
+        std::thread::sleep(Duration::from_millis(700));
         let store = Store::open(config(dir.path(), memory)).unwrap();
         assert!(store.get(b"short").unwrap().is_none(), "expired across a restart");
         let later = store.get(b"later").unwrap().expect("still live");
@@ -213,12 +213,12 @@ fn expired_entries_are_neither_promoted_nor_reinserted() {
     let mut cfg = config(dir.path(), 1 << 20);
     (cfg.volume_size, cfg.volume_count, cfg.memory.promote_after, cfg.reinsert_min_hits) = (64 << 10, 3, 2, 1);
     let store = Store::open(cfg).unwrap();
-    let ttl = || PutOptions { ttl: Some(Duration::from_millis(200)), ..PutOptions::default() };
+    let ttl = || PutOptions { ttl: Some(Duration::from_millis(600)), ..PutOptions::default() };
     store.put_with(b"promote-me", b"v", &ttl()).unwrap();
     store.put_with(b"reinsert-me", b"v", &ttl()).unwrap();
     // One disk read each before expiry: half-way to promotion, and read enough to reinsert.
     assert!(store.get(b"promote-me").unwrap().is_some() && store.get(b"reinsert-me").unwrap().is_some());
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(700));
     assert!(store.get(b"promote-me").unwrap().is_none(), "the second read finds it expired");
     assert_eq!(store.stats().memory_entries, 0, "an expired value is not promoted");
     // Turn the ring past the volume holding reinsert-me, settling after each write so the
