@@ -254,6 +254,31 @@ impl Index {
         }
     }
 
+    /// Sets the entry for `hash` to `new` (absent if `None`) only if it is `expected` now
+    /// (absent if `None`); returns whether it did. Undoes a write whose sync failed.
+    pub fn compare_and_set(&self, hash: u64, expected: Option<Loc>, new: Option<Loc>) -> bool {
+        let hash = Self::norm(hash);
+        let mut t = self.shard(hash).write();
+        let at = t.find(hash);
+        let now = at.map(|i| t.slots[i].loc & PLACE_MASK);
+        if now != expected.map(|l| l.pack() & PLACE_MASK) {
+            return false;
+        }
+        match (at, new) {
+            (Some(i), Some(l)) => t.slots[i].loc = l.pack(),
+            (Some(i), None) => {
+                t.remove_at(i);
+                self.len.fetch_sub(1, Ordering::Relaxed);
+            }
+            (None, Some(l)) => {
+                t.insert(hash, l.pack());
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
+            (None, None) => {}
+        }
+        true
+    }
+
     /// Counts one disk read of the record at `at`, saturating at `cap` (at most [`MAX_HITS`]).
     /// `at.hits` is the count the caller saw; at or past `cap` nothing is locked.
     pub fn count_read(&self, hash: u64, at: Loc, cap: u8) {

@@ -1,13 +1,35 @@
 //! The small OS layer: positional reads and writes on files kept open, data syncs, and
 //! atomic file replacement. Everything above this module is free of OS specifics.
+//!
+//! With the cargo feature `faults`, each function first asks [`crate::faults`] whether to
+//! fail; without it those calls are compiled out.
 
 use std::fs::File;
 use std::io::{self, IoSlice};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+/// Applies an injected fault, if any, to a read or a sync (feature `faults` only).
+macro_rules! hook {
+    ($file:expr, $op:ident) => {
+        #[cfg(feature = "faults")]
+        let _hook = {
+            let h = crate::faults::before($file, crate::faults::Op::$op);
+            if let crate::faults::Verdict::Fail(e) | crate::faults::Verdict::Short(_, e) = h.verdict {
+                return Err(e);
+            }
+            h
+        };
+    };
+}
+
 /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (short at EOF).
 pub fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    hook!(file, Read);
+    read_unhooked(file, buf, offset)
+}
+
+fn read_unhooked(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         match file.read_at(&mut buf[done..], offset + done as u64) {
@@ -24,6 +46,7 @@ pub fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usiz
 /// for the device (`RWF_NOWAIT`), so that a caller on an async worker can move the read to a
 /// thread that may block. Where the flag is unsupported the read simply happens.
 pub fn read_cached_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<Option<usize>> {
+    hook!(file, Read);
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
@@ -45,7 +68,7 @@ pub fn read_cached_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Resu
                 e if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(None),
                 // Kernel or file system without RWF_NOWAIT: read the usual way.
                 e if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL)) => {
-                    return read_at_most(file, &mut buf[done..], offset + done as u64).map(|n| Some(done + n));
+                    return read_unhooked(file, &mut buf[done..], offset + done as u64).map(|n| Some(done + n));
                 }
                 e => return Err(e),
             }
@@ -54,12 +77,32 @@ pub fn read_cached_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Resu
     }
     #[cfg(not(target_os = "linux"))]
     {
-        read_at_most(file, buf, offset).map(Some)
+        read_unhooked(file, buf, offset).map(Some)
     }
 }
 
 /// Writes all of `parts`, in order, starting at `offset`, without first joining them.
 pub fn write_all_vectored_at(file: &File, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+    #[cfg(feature = "faults")]
+    let _hook = {
+        use crate::faults::Verdict;
+        let len = parts.iter().map(|p| p.len()).sum();
+        let h = crate::faults::before_change(file, offset, len, None);
+        match h.verdict {
+            Verdict::Proceed => h,
+            Verdict::Fail(e) => return Err(e),
+            Verdict::Short(n, e) => {
+                // Land the first `n` bytes, as a device that fills up mid-write does.
+                let joined: Vec<u8> = parts.concat();
+                write_unhooked(file, &[&joined[..n]], offset)?;
+                return Err(e);
+            }
+        }
+    };
+    write_unhooked(file, parts, offset)
+}
+
+fn write_unhooked(file: &File, parts: &[&[u8]], offset: u64) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
@@ -104,12 +147,28 @@ pub fn write_all_vectored_at(file: &File, parts: &[&[u8]], offset: u64) -> io::R
 
 /// Makes a file's data durable (fdatasync where available).
 pub fn sync_data(file: &File) -> io::Result<()> {
+    hook!(file, Sync);
     file.sync_data()
 }
 
 /// Makes directory entries (creations, renames, removals) in `dir` durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    let f = File::open(dir)?;
+    hook!(&f, Sync);
+    f.sync_all()
+}
+
+/// Sets a file's length (cutting or extending it with zeros).
+pub fn set_len(file: &File, len: u64) -> io::Result<()> {
+    #[cfg(feature = "faults")]
+    let _hook = {
+        let h = crate::faults::before_change(file, len, 0, Some(len));
+        if let crate::faults::Verdict::Fail(e) | crate::faults::Verdict::Short(_, e) = h.verdict {
+            return Err(e);
+        }
+        h
+    };
+    file.set_len(len)
 }
 
 /// Replaces `path` with `bytes` atomically: temporary file, fsync, rename, directory fsync.
@@ -117,7 +176,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let f = File::create(&tmp)?;
-        f.write_all_at(bytes, 0)?;
+        write_all_vectored_at(&f, &[bytes], 0)?;
+        hook!(&f, Sync);
         f.sync_all()?;
     }
     std::fs::rename(&tmp, path)?;

@@ -14,6 +14,7 @@
 //! ```
 
 mod error;
+pub mod faults;
 mod flight;
 pub mod hint;
 pub mod index;

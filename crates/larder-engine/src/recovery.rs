@@ -357,7 +357,7 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
             // Nothing here can be served: reclaim the space; the slot starts afresh when the
             // ring reaches it.
             let file = sh.slots[slot].file.get().expect("opened above");
-            file.set_len(0).map_err(|e| Error::io("emptying a discarded volume", e))?;
+            io::set_len(file, 0).map_err(|e| Error::io("emptying a discarded volume", e))?;
             io::remove_if_exists(&hint_path(&sh.dir, slot)).map_err(|e| Error::io("removing a hint", e))?;
         }
     }
@@ -427,7 +427,7 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
                 bytes = file_len - outcome.valid_end,
                 "truncating the tail after the last valid record"
             );
-            file.set_len(outcome.valid_end).map_err(|e| Error::io("truncating a torn tail", e))?;
+            io::set_len(file, outcome.valid_end).map_err(|e| Error::io("truncating a torn tail", e))?;
             len = outcome.valid_end;
         }
         s.len.store(len, Ordering::Relaxed);

@@ -237,6 +237,12 @@ pub struct Stats {
     pub evicted_entries: u64,
     /// Hint files written.
     pub hints_written: u64,
+    /// Records whose write failed (nothing of them is indexed).
+    pub write_failures: u64,
+    /// fdatasync calls that failed (with `--fsync always`, their writes were undone).
+    pub sync_failures: u64,
+    /// Reads that failed with an I/O error (answered as unavailable, not as a miss).
+    pub read_failures: u64,
     /// What the last recovery found.
     pub recovery: RecoveryReport,
 }
@@ -259,6 +265,9 @@ struct Counters {
     rotations: AtomicU64,
     evicted_entries: AtomicU64,
     hints_written: AtomicU64,
+    write_failures: AtomicU64,
+    sync_failures: AtomicU64,
+    read_failures: AtomicU64,
 }
 
 pub(crate) struct SlotState {
@@ -280,6 +289,9 @@ struct Writer {
     appended: u64,
     /// Sealed slots whose data has not been fdatasynced yet.
     unsynced: Vec<usize>,
+    /// With `FsyncPolicy::Always`: the index changes of writes not yet durable, oldest first,
+    /// to be undone if their sync fails.
+    undo: Vec<Undo>,
     prefix: Vec<u8>,
     /// Store time of the last put or delete: each gets a later one (by a millisecond if the
     /// clock has not moved, or has stepped back), so no two writes share a version.
@@ -291,6 +303,22 @@ impl Writer {
     fn stamp(&mut self) -> u64 {
         self.last_stamp = now_ms().max(self.last_stamp + 1);
         self.last_stamp
+    }
+}
+
+/// An index change to undo: the entry for `hash` went from `before` to `after`.
+#[derive(Clone, Copy)]
+struct Undo {
+    hash: u64,
+    before: Option<Loc>,
+    after: Option<Loc>,
+}
+
+/// Whether two optional index entries name the same record (read counts aside).
+fn same(a: Option<Loc>, b: Option<Loc>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.same_place(b),
+        (a, b) => a.is_none() && b.is_none(),
     }
 }
 
@@ -427,7 +455,7 @@ impl Shared {
             let _ = s.file.set(f);
         }
         let file = s.file.get().expect("set above");
-        file.set_len(0).map_err(|e| Error::io("resetting a volume", e))?;
+        io::set_len(file, 0).map_err(|e| Error::io("resetting a volume", e))?;
         s.len.store(0, Ordering::Relaxed);
         let vh =
             VolumeHeader { slot: slot as u32, generation, sequence, salt, created_ms: now_ms(), dir_id: self.dir_id };
@@ -458,7 +486,9 @@ impl Shared {
         }
         let os = &self.slots[old];
         if next != old {
-            if self.cfg.fsync != FsyncPolicy::Never {
+            // Whatever the policy, so that an explicit sync covers sealed volumes too; a slot
+            // is listed once, which bounds the list by the ring's size.
+            if !w.unsynced.contains(&old) {
                 w.unsynced.push(old);
             }
             self.send(Job::Hint {
@@ -506,7 +536,8 @@ impl Shared {
         // On failure the offset does not move and whatever part of the record reached the file
         // is cut off (best effort): the index never points at it, and recovery never meets it.
         if let Err(e) = res {
-            let _ = file.set_len(w.offset);
+            let _ = io::set_len(file, w.offset);
+            self.counters.write_failures.fetch_add(1, Ordering::Relaxed);
             return Err(Error::io("writing a record", e));
         }
         let loc = self.loc(slot, generation, w.offset, record_len);
@@ -550,11 +581,11 @@ impl Shared {
 
     /// fdatasyncs every volume written since the last sync; returns the append count covered.
     fn sync_now(&self) -> (u64, std::io::Result<()>) {
-        let (target, mut slots) = {
+        let (target, mut slots, undo) = {
             let mut w = self.writer.lock();
             let mut slots = std::mem::take(&mut w.unsynced);
             slots.push(w.active);
-            (w.appended, slots)
+            (w.appended, slots, std::mem::take(&mut w.undo))
         };
         slots.sort_unstable();
         slots.dedup();
@@ -567,8 +598,22 @@ impl Shared {
             }
         }
         if result.is_err() {
+            let mut w = self.writer.lock();
             // Try these volumes again at the next sync.
-            self.writer.lock().unsynced.extend(slots);
+            w.unsynced.extend(slots);
+            // The writes this sync covered are answered as failed, so their keys must keep
+            // their previous values: undo their index changes, newest first, under the writer
+            // lock so no append interleaves. A later write of the same key wins the compare.
+            for u in undo.iter().rev() {
+                if !self.index.compare_and_set(u.hash, u.after, u.before) {
+                    // A write after this sync's target replaced the entry: if that one is
+                    // undone later, it must go back to what was there before this one.
+                    for later in w.undo.iter_mut().filter(|l| l.hash == u.hash && same(l.before, u.after)) {
+                        later.before = u.before;
+                    }
+                }
+            }
+            self.counters.sync_failures.fetch_add(1, Ordering::Relaxed);
         }
         (target, result)
     }
@@ -577,6 +622,9 @@ impl Shared {
         let s = &self.slots[slot];
         let Some(file) = s.file.get() else { return Ok(()) };
         let salt = s.salt.load(Ordering::Acquire);
+        // The hint is durable once written, so the records it names must be first: else a
+        // power cut leaves a hint pointing at bytes that never reached the disk.
+        io::sync_data(file)?;
         let entries = recovery::hint_entries(self, file, len, generation, salt)?;
         if s.generation.load(Ordering::Acquire) != generation {
             return Ok(()); // the ring reused the slot meanwhile
@@ -588,6 +636,20 @@ impl Shared {
         Ok(())
     }
 
+    /// Reads into `buf` at `offset`; `Ok(None)` if `nowait` and the read would wait for the
+    /// device. A failure is an error, not a miss: the data may be fine once the device is.
+    fn read(&self, file: &File, buf: &mut [u8], offset: u64, nowait: bool) -> Result<Option<usize>> {
+        let r = if nowait {
+            io::read_cached_at_most(file, buf, offset)
+        } else {
+            io::read_at_most(file, buf, offset).map(Some)
+        };
+        r.map_err(|e| {
+            self.counters.read_failures.fetch_add(1, Ordering::Relaxed);
+            Error::io("reading a record", e)
+        })
+    }
+
     /// Reads and verifies the record at `loc`.
     fn fetch(&self, hash: u64, loc: Loc, nowait: bool) -> Result<Fetch> {
         let slot = &self.slots[loc.slot as usize];
@@ -596,7 +658,7 @@ impl Shared {
         };
         let salt = slot.salt.load(Ordering::Acquire);
         let mut buf = vec![0u8; record::size_class_bytes(loc.class) as usize];
-        let Some(n) = read(file, &mut buf, loc.offset, nowait)? else { return Ok(Fetch::WouldBlock) };
+        let Some(n) = self.read(file, &mut buf, loc.offset, nowait)? else { return Ok(Fetch::WouldBlock) };
         self.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
         buf.truncate(n);
         let (header, value) = match record::decode(&buf, salt) {
@@ -678,7 +740,7 @@ impl Shared {
         };
         let salt = slot.salt.load(Ordering::Acquire);
         let mut front = vec![0u8; PREFIX_READ];
-        let Some(n) = read(file, &mut front, loc.offset, nowait)? else { return Ok(Got::WouldBlock) };
+        let Some(n) = self.read(file, &mut front, loc.offset, nowait)? else { return Ok(Got::WouldBlock) };
         self.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
         front.truncate(n);
         let (h, meta_block) = match record::decode_prefix(&front, salt) {
@@ -717,7 +779,7 @@ impl Shared {
             let (from, to) = (first * size, ((last + 1) * size).min(len));
             let value_at = loc.offset + (HEADER_LEN + h.key_len as usize + h.meta_len as usize) as u64;
             let mut buf = vec![0u8; (to - from) as usize];
-            let Some(n) = read(file, &mut buf, value_at + from, nowait)? else { return Ok(Got::WouldBlock) };
+            let Some(n) = self.read(file, &mut buf, value_at + from, nowait)? else { return Ok(Got::WouldBlock) };
             self.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
             if n < buf.len() {
                 self.damaged(hash, loc, generation, record::DecodeError::Short);
@@ -946,13 +1008,6 @@ impl Record {
     }
 }
 
-/// Reads into `buf` at `offset`; `Ok(None)` if `nowait` and the read would wait for the device.
-fn read(file: &File, buf: &mut [u8], offset: u64, nowait: bool) -> Result<Option<usize>> {
-    let r =
-        if nowait { io::read_cached_at_most(file, buf, offset) } else { io::read_at_most(file, buf, offset).map(Some) };
-    r.map_err(|e| Error::io("reading a record", e))
-}
-
 /// What a read of part of a value found.
 enum Got {
     Value(Value),
@@ -1068,6 +1123,7 @@ impl Store {
                 next_sequence: 1,
                 appended: 0,
                 unsynced: Vec::new(),
+                undo: Vec::new(),
                 prefix: Vec::new(),
                 last_stamp: 0,
             }),
@@ -1200,6 +1256,7 @@ impl Store {
         }
         let hash = sh.hash(key);
         let early = if opts.preconditions.is_empty() { None } else { sh.indexed_version(hash, key)? };
+        let always = sh.cfg.fsync == FsyncPolicy::Always;
         let mut header = new_header(0);
         let (pos, loc, seq) = {
             let Some(mut w) = self.writer(wait, record_len) else { return Ok(None) };
@@ -1214,28 +1271,34 @@ impl Store {
             };
             let (pos, loc) = sh.append(&mut w, header, key, &meta_block, value, value_crc)?;
             // A colliding key loses its entry here: it becomes a miss, never a wrong value.
-            sh.index.insert(hash, loc);
+            let before = sh.index.insert(hash, loc);
+            if always {
+                w.undo.push(Undo { hash, before, after: Some(loc) });
+            }
             (pos, loc, w.appended)
         };
         // After the index, so that a promotion racing with this put cannot leave the old
-        // value in memory (see memory.rs).
+        // value in memory (see memory.rs). A value that must be durable first enters memory
+        // only once it is: a failed sync undoes the index change and memory must not keep it.
+        let cache_it = sh.memory.as_ref().filter(|m| m.on_put());
         if let Some(m) = &sh.memory {
-            if m.on_put() {
-                let cached = Cached {
-                    data: Bytes::copy_from_slice(value),
-                    position: pos,
-                    stored_ms: header.stored_ms,
-                    expiry_ms: header.expiry_ms,
-                    crc: value_crc,
-                    content_type: opts.content_type.map(Bytes::copy_from_slice),
-                };
-                m.put_if(hash, key, cached, || sh.index.get(hash).is_some_and(|l| l.same_place(loc)));
-            } else {
+            if cache_it.is_none() || always {
                 m.invalidate(hash, key);
             }
         }
-        if sh.cfg.fsync == FsyncPolicy::Always {
+        if always {
             sh.wait_durable(seq)?;
+        }
+        if let Some(m) = cache_it {
+            let cached = Cached {
+                data: Bytes::copy_from_slice(value),
+                position: pos,
+                stored_ms: header.stored_ms,
+                expiry_ms: header.expiry_ms,
+                crc: value_crc,
+                content_type: opts.content_type.map(Bytes::copy_from_slice),
+            };
+            m.put_if(hash, key, cached, || sh.index.get(hash).is_some_and(|l| l.same_place(loc)));
         }
         sh.counters.puts.fetch_add(1, Ordering::Relaxed);
         let version = Version { len: value.len() as u64, crc: value_crc, stored_ms: header.stored_ms };
@@ -1430,7 +1493,9 @@ impl Store {
                     Some(h) if live(h.expiry_ms) => {
                         let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_TOMBSTONE) };
                         sh.append(&mut w, header, key, b"", b"", crc32c::crc32c(b""))?;
-                        sh.index.remove_if_eq(hash, loc);
+                        if sh.index.remove_if_eq(hash, loc) && sh.cfg.fsync == FsyncPolicy::Always {
+                            w.undo.push(Undo { hash, before: Some(loc), after: None });
+                        }
                         Some(w.appended)
                     }
                     // Expired: absent already. No tombstone is needed, as the record stays
@@ -1511,6 +1576,9 @@ impl Store {
             reinsert_skipped: c.reinsert_skipped.load(Ordering::Relaxed),
             reinsert_in_memory: c.reinsert_in_memory.load(Ordering::Relaxed),
             corrupt_reads: c.corrupt_reads.load(Ordering::Relaxed),
+            write_failures: c.write_failures.load(Ordering::Relaxed),
+            sync_failures: c.sync_failures.load(Ordering::Relaxed),
+            read_failures: c.read_failures.load(Ordering::Relaxed),
             rotations: c.rotations.load(Ordering::Relaxed),
             evicted_entries: c.evicted_entries.load(Ordering::Relaxed),
             hints_written: c.hints_written.load(Ordering::Relaxed),

@@ -192,6 +192,9 @@ fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
                 "rotations": s.rotations,
                 "evicted_entries": s.evicted_entries,
                 "hints_written": s.hints_written,
+                "write_failures": s.write_failures,
+                "sync_failures": s.sync_failures,
+                "read_failures": s.read_failures,
                 "recovery": {
                     "volumes": s.recovery.volumes,
                     "discarded": s.recovery.discarded,

@@ -1,4 +1,6 @@
 //! The `larder` binary: a hybrid memory + disk key-value cache server over HTTP.
+// The stats object is one `json!` literal with many fields.
+#![recursion_limit = "256"]
 
 mod config;
 mod headers;

@@ -1,0 +1,324 @@
+//! Fault injection for tests: make chosen I/O operations under a data directory fail, and
+//! simulate a power cut by undoing every change that was not made durable.
+//!
+//! The hooks in [`crate::io`] exist only with the cargo feature `faults`, so a production
+//! build pays nothing; without it [`inject`] and [`track`] refuse. Test builds turn the
+//! feature on through dev-dependencies. A hooked operation looks up its file's path in
+//! `/proc/self/fd` (only while some directory is registered) and applies the first rule of
+//! that directory that matches.
+//!
+//! Power-cut model (as redb's crash backend): a file's durable content is what it held at its
+//! last `fdatasync`/`fsync`, or when tracking began. Every write and length change since is
+//! logged with the bytes it replaced; [`power_cut`] replays the logs backwards, so each file
+//! is left exactly as a power loss would at worst leave it. Directory entries (creations,
+//! renames, removals) are taken as durable at once: larder syncs the directory after each.
+
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Which operations a rule applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Positional reads.
+    Read,
+    /// Writes and length changes.
+    Write,
+    /// `fdatasync`/`fsync` of files and directories.
+    Sync,
+}
+
+/// How a matching operation fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// `ENOSPC`: the device is full.
+    NoSpace,
+    /// `EIO`: the device failed.
+    Io,
+    /// A write lands half of its bytes, then fails with `ENOSPC` (what a filling disk does).
+    Short,
+}
+
+/// One injected fault: operations `op` on files under the directory whose name contains
+/// `file` (any file if empty) pass `skip` times, then fail `count` times.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// The operations it applies to.
+    pub op: Op,
+    /// How they fail.
+    pub failure: Failure,
+    /// Only files whose name contains this; empty for every file.
+    pub file: String,
+    /// Matching operations that succeed before the first failure.
+    pub skip: u64,
+    /// Failures before the rule is spent; `u64::MAX` lasts until [`clear`].
+    pub count: u64,
+}
+
+impl Rule {
+    /// A rule that fails every `op` on every file until cleared.
+    pub fn always(op: Op, failure: Failure) -> Rule {
+        Rule { op, failure, file: String::new(), skip: 0, count: u64::MAX }
+    }
+
+    /// Parses `OP FAILURE [file=SUBSTR] [skip=N] [count=N]`, e.g. `write nospace`,
+    /// `sync eio count=1`, `read eio file=vol-00002`. Used by the server's fault endpoint.
+    pub fn parse(spec: &str) -> Result<Rule, String> {
+        let mut words = spec.split_whitespace();
+        let op = match words.next() {
+            Some("read") => Op::Read,
+            Some("write") => Op::Write,
+            Some("sync") => Op::Sync,
+            other => return Err(format!("expected read, write or sync, got {other:?}")),
+        };
+        let failure = match words.next() {
+            Some("nospace") => Failure::NoSpace,
+            Some("eio") => Failure::Io,
+            Some("short") if op == Op::Write => Failure::Short,
+            other => return Err(format!("expected nospace, eio or (for writes) short, got {other:?}")),
+        };
+        let mut rule = Rule::always(op, failure);
+        for w in words {
+            let (name, value) = w.split_once('=').ok_or_else(|| format!("expected NAME=VALUE, got {w:?}"))?;
+            let number = || value.parse::<u64>().map_err(|_| format!("{name} takes a number, got {value:?}"));
+            match name {
+                "file" => rule.file = value.to_string(),
+                "skip" => rule.skip = number()?,
+                "count" => rule.count = number()?,
+                _ => return Err(format!("unknown setting {name:?}")),
+            }
+        }
+        Ok(rule)
+    }
+}
+
+/// What [`power_cut`] undid.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CutReport {
+    /// Files that had changes since their last sync.
+    pub files: usize,
+    /// Logged writes and length changes undone.
+    pub changes: usize,
+}
+
+/// Whether this build has the hooks (cargo feature `faults`).
+pub const fn available() -> bool {
+    cfg!(feature = "faults")
+}
+
+enum Undo {
+    /// Put `old` back at `offset`, then cut the file to `len` (its length before the write).
+    Write { offset: u64, old: Vec<u8>, len: u64 },
+    /// Give a file cut to a shorter length its tail back, or cut a grown file back to `len`.
+    SetLen { len: u64, tail: Vec<u8> },
+}
+
+#[derive(Default)]
+struct Dir {
+    rules: Vec<Rule>,
+    tracking: bool,
+    /// Per file, its changes since the last sync, oldest first.
+    logs: HashMap<PathBuf, Vec<Undo>>,
+    /// After a power cut every operation fails: the process is "dead" until [`clear`].
+    dead: bool,
+}
+
+/// Registered directories (canonical paths). Hooks look only while this is non-empty.
+static DIRS: Mutex<Vec<(PathBuf, Arc<Mutex<Dir>>)>> = Mutex::new(Vec::new());
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// Held shared by every hooked operation across its system call and exclusively by a power
+/// cut, so no write slips in between the undo and the "death".
+static CUT: RwLock<()> = RwLock::new(());
+
+fn unavailable() -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, "fault injection needs the `faults` cargo feature")
+}
+
+fn dir_state(dir: &Path, create: bool) -> io::Result<Option<Arc<Mutex<Dir>>>> {
+    let dir = dir.canonicalize()?;
+    let mut dirs = DIRS.lock();
+    if let Some((_, d)) = dirs.iter().find(|(p, _)| *p == dir) {
+        return Ok(Some(d.clone()));
+    }
+    if !create {
+        return Ok(None);
+    }
+    let d = Arc::new(Mutex::new(Dir::default()));
+    dirs.push((dir, d.clone()));
+    ACTIVE.store(true, Ordering::Release);
+    Ok(Some(d))
+}
+
+/// Adds a fault for files under `dir`.
+pub fn inject(dir: &Path, rule: Rule) -> io::Result<()> {
+    if !available() {
+        return Err(unavailable());
+    }
+    dir_state(dir, true)?.expect("created").lock().rules.push(rule);
+    Ok(())
+}
+
+/// Removes every fault and all tracking of `dir`, and revives it after a power cut.
+pub fn clear(dir: &Path) {
+    let Ok(dir) = dir.canonicalize() else { return };
+    let mut dirs = DIRS.lock();
+    dirs.retain(|(p, _)| *p != dir);
+    ACTIVE.store(!dirs.is_empty(), Ordering::Release);
+}
+
+/// Starts logging changes to files under `dir`, for [`power_cut`]. Call it before the store
+/// is opened: files are taken as durable as they are now.
+pub fn track(dir: &Path) -> io::Result<()> {
+    if !available() {
+        return Err(unavailable());
+    }
+    dir_state(dir, true)?.expect("created").lock().tracking = true;
+    Ok(())
+}
+
+/// Cuts the power to `dir`: undoes every logged change not yet synced, then fails every
+/// later operation on it with `EIO` until [`clear`], so the store still open on it cannot
+/// change it any more. Drop that store, clear, and reopen to see what recovery makes of it.
+pub fn power_cut(dir: &Path) -> io::Result<CutReport> {
+    let d = dir_state(dir, false)?.ok_or_else(|| io::Error::other("the directory is not tracked"))?;
+    let _cut = CUT.write();
+    let mut d = d.lock();
+    d.dead = true;
+    let mut report = CutReport::default();
+    for (path, undos) in d.logs.drain() {
+        report.files += 1;
+        let f = std::fs::OpenOptions::new().write(true).open(&path)?;
+        for u in undos.iter().rev() {
+            report.changes += 1;
+            use std::os::unix::fs::FileExt;
+            match u {
+                Undo::Write { offset, old, len } => {
+                    f.write_all_at(old, *offset)?;
+                    f.set_len(*len)?;
+                }
+                Undo::SetLen { len, tail } => {
+                    f.set_len(*len)?;
+                    if !tail.is_empty() {
+                        f.write_all_at(tail, *len - tail.len() as u64)?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// What a hooked operation should do.
+pub(crate) enum Verdict {
+    Proceed,
+    Fail(io::Error),
+    /// Write only this many bytes, then fail with the error.
+    Short(usize, io::Error),
+}
+
+/// The registered directory holding `file`, and the file's path.
+#[cfg_attr(not(feature = "faults"), allow(dead_code))]
+fn lookup(file: &std::fs::File) -> Option<(Arc<Mutex<Dir>>, PathBuf)> {
+    use std::os::fd::AsRawFd;
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()?;
+    let dirs = DIRS.lock();
+    let (_, d) = dirs.iter().find(|(dir, _)| path.starts_with(dir))?;
+    Some((d.clone(), path))
+}
+
+/// Reads what is there, unhooked (the hooks call it with their locks held).
+fn raw_read(file: &std::fs::File, buf: &mut [u8], offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => done += n,
+        }
+    }
+}
+
+fn errno(failure: Failure) -> io::Error {
+    io::Error::from_raw_os_error(if failure == Failure::Io { libc::EIO } else { libc::ENOSPC })
+}
+
+impl Dir {
+    fn verdict(&mut self, path: &Path, op: Op, len: usize) -> Verdict {
+        if self.dead {
+            return Verdict::Fail(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        for r in &mut self.rules {
+            if r.op != op || r.count == 0 || !name.contains(r.file.as_str()) {
+                continue;
+            }
+            if r.skip > 0 {
+                r.skip -= 1;
+                continue;
+            }
+            r.count = r.count.saturating_sub(if r.count == u64::MAX { 0 } else { 1 });
+            return match r.failure {
+                Failure::Short if len > 1 => Verdict::Short(len / 2, errno(Failure::NoSpace)),
+                f => Verdict::Fail(errno(f)),
+            };
+        }
+        Verdict::Proceed
+    }
+}
+
+/// A hooked operation in progress: holds off power cuts until it is dropped.
+pub(crate) struct Hook {
+    _cut: Option<parking_lot::RwLockReadGuard<'static, ()>>,
+    pub verdict: Verdict,
+}
+
+const PASS: Hook = Hook { _cut: None, verdict: Verdict::Proceed };
+
+/// Before a read, sync, or directory sync of `file`.
+pub(crate) fn before(file: &std::fs::File, op: Op) -> Hook {
+    if !ACTIVE.load(Ordering::Acquire) {
+        return PASS;
+    }
+    let cut = CUT.read();
+    let Some((d, path)) = lookup(file) else { return PASS };
+    let mut d = d.lock();
+    let verdict = d.verdict(&path, op, 0);
+    if op == Op::Sync && matches!(verdict, Verdict::Proceed) {
+        // Taken as durable before the call returns: the simulation's failures come from
+        // rules, which never reach this line, not from the device.
+        d.logs.remove(&path);
+    }
+    Hook { _cut: Some(cut), verdict }
+}
+
+/// Before writing `len` bytes at `offset` of `file` (`set_len` is `Some(new_len)` for a
+/// length change instead): applies the rules and logs what the change will replace.
+pub(crate) fn before_change(file: &std::fs::File, offset: u64, len: usize, set_len: Option<u64>) -> Hook {
+    if !ACTIVE.load(Ordering::Acquire) {
+        return PASS;
+    }
+    let cut = CUT.read();
+    let Some((d, path)) = lookup(file) else { return PASS };
+    let mut d = d.lock();
+    let verdict = d.verdict(&path, Op::Write, len);
+    if d.tracking && !matches!(verdict, Verdict::Fail(_)) {
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let undo = match set_len {
+            Some(new) => {
+                let mut tail = vec![0u8; size.saturating_sub(new) as usize];
+                raw_read(file, &mut tail, new);
+                Undo::SetLen { len: size, tail }
+            }
+            None => {
+                let mut old = vec![0u8; (size.saturating_sub(offset) as usize).min(len)];
+                raw_read(file, &mut old, offset);
+                Undo::Write { offset, old, len: size }
+            }
+        };
+        d.logs.entry(path).or_default().push(undo);
+    }
+    Hook { _cut: Some(cut), verdict }
+}
