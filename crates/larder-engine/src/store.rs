@@ -517,6 +517,26 @@ impl Shared {
         value: &[u8],
         value_crc: u32,
     ) -> Result<(Position, Loc)> {
+        self.append_once(w, header, key, meta, value, value_crc, false)
+    }
+
+    /// Whether the slot the ring turns to next holds records (emptying it frees space).
+    fn next_holds_data(&self, w: &Writer) -> bool {
+        let next = (w.active + 1) % self.slots.len();
+        next != w.active && self.slots[next].len.load(Ordering::Relaxed) > VOLUME_HEADER_LEN
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn append_once(
+        &self,
+        w: &mut Writer,
+        header: Header,
+        key: &[u8],
+        meta: &[u8],
+        value: &[u8],
+        value_crc: u32,
+        turned: bool,
+    ) -> Result<(Position, Loc)> {
         let record_len = (HEADER_LEN + key.len() + meta.len() + value.len()) as u64;
         let padded = record::padded(record_len);
         if w.offset + padded > self.cfg.volume_size {
@@ -538,7 +558,15 @@ impl Shared {
         if let Err(e) = res {
             let _ = io::set_len(file, w.offset);
             self.counters.write_failures.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::io("writing a record", e));
+            let e = Error::io("writing a record", e);
+            // The device is full but the ring's next slot holds older data: turn the ring
+            // now, as it would turn later anyway; emptying that slot makes the room.
+            if e.kind() == ErrorKind::NoSpace && !turned && w.offset > VOLUME_HEADER_LEN && self.next_holds_data(w) {
+                tracing::warn!(slot, "device full: turning the ring early to free the oldest volume");
+                self.rotate(w)?;
+                return self.append_once(w, header, key, meta, value, value_crc, true);
+            }
+            return Err(e);
         }
         let loc = self.loc(slot, generation, w.offset, record_len);
         let pos = Position { volume: slot as u32, offset: w.offset, size: record_len };

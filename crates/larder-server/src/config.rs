@@ -135,6 +135,21 @@ pub struct ServeArgs {
     /// Keep-alive connections with no traffic for this long are closed [default: 60s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub idle_timeout: Option<Duration>,
+    /// Open connections at most; past it idle ones are closed to make room, never-used ones
+    /// first [default: 10000].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<u32>,
+    /// File whose first line is the bearer token that PUT, DELETE, stats and metrics require
+    /// (`Authorization: Bearer <token>`); the environment variable LARDER_AUTH_TOKEN may hold
+    /// the token instead [default: no auth].
+    #[arg(long, value_name = "FILE")]
+    pub auth_token: Option<PathBuf>,
+    /// With a token, require it for GET and HEAD too [default: reads are open].
+    #[arg(long)]
+    pub auth_reads: bool,
+    /// Refuse PUT and DELETE with 403; serve reads only.
+    #[arg(long)]
+    pub read_only: bool,
 }
 
 /// A size in the TOML file: an integer (bytes) or a string such as "1GiB".
@@ -201,6 +216,10 @@ struct FileConfig {
     max_uri_size: Option<SizeValue>,
     header_timeout: Option<DurationValue>,
     idle_timeout: Option<DurationValue>,
+    max_connections: Option<u32>,
+    auth_token: Option<PathBuf>,
+    auth_reads: Option<bool>,
+    read_only: Option<bool>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -245,6 +264,46 @@ pub struct Settings {
     pub header_timeout: Duration,
     /// Idle connection timeout.
     pub idle_timeout: Duration,
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// The bearer token writes and admin endpoints require, if any.
+    pub auth_token: Option<Token>,
+    /// Whether reads require the token too.
+    pub auth_reads: bool,
+    /// Whether PUT and DELETE are refused.
+    pub read_only: bool,
+}
+
+/// A secret bearer token; its `Debug` does not print it.
+#[derive(Clone)]
+pub struct Token(pub Vec<u8>);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+/// The token from `--auth-token FILE` (its first line, trimmed), else from the environment
+/// variable `LARDER_AUTH_TOKEN` (trimmed); an empty token is an error, not "no auth".
+fn load_token(file: Option<&PathBuf>, env: Option<String>) -> Result<Option<Token>, String> {
+    let (text, from) = match (file, env) {
+        (Some(path), _) => (
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("reading the auth token file {}: {e}", path.display()))?,
+            format!("the auth token file {}", path.display()),
+        ),
+        (None, Some(v)) => (v, "LARDER_AUTH_TOKEN".to_string()),
+        (None, None) => return Ok(None),
+    };
+    let token = text.lines().next().unwrap_or("").trim();
+    if token.is_empty() {
+        return Err(format!("{from} holds no token"));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("{from}: the token must be printable ASCII without spaces"));
+    }
+    Ok(Some(Token(token.as_bytes().to_vec())))
 }
 
 impl ServeArgs {
@@ -326,6 +385,13 @@ impl ServeArgs {
             max_uri_size: size(self.max_uri_size, &file.max_uri_size, 8 << 10)?,
             header_timeout: dur(self.header_timeout, &file.header_timeout, Duration::from_secs(10))?,
             idle_timeout: dur(self.idle_timeout, &file.idle_timeout, Duration::from_secs(60))?,
+            max_connections: self.max_connections.or(file.max_connections).unwrap_or(10_000).max(1) as usize,
+            auth_token: load_token(
+                self.auth_token.as_ref().or(file.auth_token.as_ref()),
+                std::env::var("LARDER_AUTH_TOKEN").ok(),
+            )?,
+            auth_reads: self.auth_reads || file.auth_reads.unwrap_or(false),
+            read_only: self.read_only || file.read_only.unwrap_or(false),
         })
     }
 }

@@ -7,8 +7,8 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{
-    HeaderMap, HeaderValue, ACCEPT_RANGES, ALLOW, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG,
-    IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED,
+    HeaderMap, HeaderValue, ACCEPT_RANGES, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE,
+    CONTENT_TYPE, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED, WWW_AUTHENTICATE,
 };
 use hyper::{Method, Request, Response, StatusCode};
 use larder_engine::{meta, now_ms, ErrorKind, Part, Precondition, PutOptions, Store, Tier, Value};
@@ -108,10 +108,30 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Resp {
         Err(e) => return text(StatusCode::BAD_REQUEST, e.message()),
     };
     if key.starts_with(RESERVED_PREFIX) {
-        return admin(app, req.method(), &key[RESERVED_PREFIX.len()..]);
+        let what = &key[RESERVED_PREFIX.len()..];
+        // Health stays open so that load balancers need no secret.
+        if what != b"health" {
+            if let Some(refused) = unauthorized(app, req.headers()) {
+                return refused;
+            }
+        }
+        if what == b"faults" {
+            return faults(app, req).await;
+        }
+        return admin(app, req.method(), what);
     }
-    if !matches!(*req.method(), Method::GET | Method::HEAD | Method::PUT | Method::DELETE) {
-        return method_not_allowed(ALLOWED);
+    let write = match *req.method() {
+        Method::GET | Method::HEAD => false,
+        Method::PUT | Method::DELETE => true,
+        _ => return method_not_allowed(ALLOWED),
+    };
+    if write || app.settings.auth_reads {
+        if let Some(refused) = unauthorized(app, req.headers()) {
+            return refused;
+        }
+    }
+    if write && app.settings.read_only {
+        return text(StatusCode::FORBIDDEN, "this server is read-only\n");
     }
     let Some(store) = app.store.get() else {
         return text(StatusCode::SERVICE_UNAVAILABLE, "recovering; try again shortly\n");
@@ -127,6 +147,57 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Resp {
             let preconditions = headers::write_preconditions(req.headers());
             delete(app, key.into_owned(), preconditions).await
         }
+    }
+}
+
+/// `None` if the request may go on: no token is configured, or it carries
+/// `Authorization: Bearer <token>` with the right token (compared in constant time).
+fn unauthorized(app: &App, headers: &HeaderMap) -> Option<Resp> {
+    use subtle::ConstantTimeEq;
+    let token = app.settings.auth_token.as_ref()?;
+    let given = headers.get(AUTHORIZATION).map(|v| v.as_bytes());
+    let bearer = given.and_then(|v| {
+        let (scheme, rest) = v.split_at(v.iter().position(|&b| b == b' ')?);
+        scheme.eq_ignore_ascii_case(b"bearer").then(|| rest.trim_ascii())
+    });
+    if bearer.is_some_and(|b| bool::from(b.ct_eq(&token.0))) {
+        return None;
+    }
+    let (msg, challenge) = match given {
+        None => ("this request needs Authorization: Bearer <token>\n", r#"Bearer realm="larder""#),
+        Some(_) => ("wrong bearer token\n", r#"Bearer realm="larder", error="invalid_token""#),
+    };
+    let mut r = text(StatusCode::UNAUTHORIZED, msg);
+    r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    Some(r)
+}
+
+/// `/_larder/faults`, in builds with the engine's fault layer only (tests): POST a rule such
+/// as `write nospace` to make the data directory's I/O fail; DELETE clears every fault.
+async fn faults(app: &App, req: Request<Incoming>) -> Resp {
+    use larder_engine::faults;
+    if !faults::available() {
+        return text(StatusCode::NOT_FOUND, "no such admin endpoint\n");
+    }
+    let dir = &app.settings.data_dir;
+    match *req.method() {
+        Method::POST => {
+            let body = match req.into_body().collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
+            };
+            let spec = String::from_utf8_lossy(&body);
+            match faults::Rule::parse(&spec).map(|r| faults::inject(dir, r)) {
+                Ok(Ok(())) => text(StatusCode::OK, "injected\n"),
+                Ok(Err(e)) => text_owned(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+                Err(e) => text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
+            }
+        }
+        Method::DELETE => {
+            faults::clear(dir);
+            text(StatusCode::OK, "cleared\n")
+        }
+        _ => method_not_allowed("POST, DELETE"),
     }
 }
 

@@ -8,6 +8,8 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use larder_engine::{Store, StoreConfig};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +18,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 /// What a connection's watchdog needs to know: bytes moved, requests begun and answered.
 #[derive(Default)]
@@ -165,9 +167,85 @@ impl Watchdog {
     }
 }
 
-async fn serve_connection(app: Arc<App>, stream: TcpStream, mut shutdown: watch::Receiver<bool>) {
+/// The open connections, so that past `--max-connections` an idle one can make room.
+#[derive(Default)]
+struct Conns {
+    next_id: u64,
+    open: HashMap<u64, Conn>,
+}
+
+struct Conn {
+    activity: Arc<Activity>,
+    opened: Instant,
+    close: Arc<Notify>,
+}
+
+impl Conn {
+    /// Connected but never sent a byte.
+    fn never_used(&self) -> bool {
+        self.activity.read.load(Ordering::Relaxed) == 0
+    }
+    /// Between requests: the last one answered and nothing of the next one read.
+    fn idle(&self) -> bool {
+        let a = &self.activity;
+        a.started.load(Ordering::Relaxed) == a.answered.load(Ordering::Acquire)
+            && a.read.load(Ordering::Relaxed) == a.read_at_answer.load(Ordering::Relaxed)
+    }
+}
+
+impl Conns {
+    /// Makes room for one more connection if there are `max` already: closes the oldest
+    /// never-used connection, else an idle keep-alive one. `false` if all are busy.
+    fn make_room(&mut self, max: usize) -> bool {
+        if self.open.len() < max {
+            return true;
+        }
+        let victim = self
+            .open
+            .iter()
+            .filter(|(_, c)| c.never_used())
+            .min_by_key(|(_, c)| c.opened)
+            .or_else(|| self.open.iter().find(|(_, c)| c.idle()))
+            .map(|(id, _)| *id);
+        match victim.and_then(|id| self.open.remove(&id)) {
+            Some(c) => {
+                c.close.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Removes a connection from the registry when its task ends, however it ends.
+struct Registered {
+    conns: Arc<Mutex<Conns>>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.conns.lock().open.remove(&self.id);
+    }
+}
+
+/// Answers a connection past the limit when every open one is busy, and closes it.
+async fn refuse(mut stream: TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let msg = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n\
+                content-length: 21\r\nconnection: close\r\n\r\ntoo many connections\n";
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(msg)).await;
+}
+
+async fn serve_connection(
+    app: Arc<App>,
+    stream: TcpStream,
+    mut shutdown: watch::Receiver<bool>,
+    activity: Arc<Activity>,
+    close: Arc<Notify>,
+    _registered: Registered,
+) {
     let _ = stream.set_nodelay(true);
-    let activity = Arc::new(Activity::default());
     let io = TokioIo::new(Tracked { inner: stream, activity: activity.clone() });
     let s = &app.settings;
     let mut watchdog = Watchdog::new(s.idle_timeout, s.header_timeout);
@@ -205,6 +283,7 @@ async fn serve_connection(app: Arc<App>, stream: TcpStream, mut shutdown: watch:
                     return; // dropping the connection closes it
                 }
             }
+            _ = close.notified() => return, // room for a new connection
         }
     }
 }
@@ -259,6 +338,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     }
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let conns = Arc::new(Mutex::new(Conns::default()));
     let mut connections = tokio::task::JoinSet::new();
     tokio::pin!(signal);
     let mut waiting_ready = true;
@@ -266,7 +346,26 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    connections.spawn(serve_connection(app.clone(), stream, shutdown_rx.clone()));
+                    let mut c = conns.lock();
+                    if !c.make_room(app.settings.max_connections) {
+                        drop(c);
+                        connections.spawn(refuse(stream));
+                        continue;
+                    }
+                    let (activity, close) = (Arc::new(Activity::default()), Arc::new(Notify::new()));
+                    let id = c.next_id;
+                    c.next_id += 1;
+                    c.open.insert(id, Conn { activity: activity.clone(), opened: Instant::now(), close: close.clone() });
+                    drop(c);
+                    let registered = Registered { conns: conns.clone(), id };
+                    connections.spawn(serve_connection(
+                        app.clone(),
+                        stream,
+                        shutdown_rx.clone(),
+                        activity,
+                        close,
+                        registered,
+                    ));
                 }
                 Err(e) => {
                     // Out of descriptors and the like: back off instead of spinning.

@@ -15,6 +15,7 @@ pub struct Server {
     pub addr: SocketAddr,
     pub dir: PathBuf,
     args: Vec<String>,
+    envs: Vec<(String, String)>,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -30,13 +31,30 @@ impl Server {
 
     /// Starts a server on `dir` with extra `args`.
     pub fn start_in(dir: &Path, args: &[&str]) -> Server {
+        Server::start_env(dir, args, &[])
+    }
+
+    /// Starts a server on `dir` with extra `args` and environment variables.
+    pub fn start_env(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        let (child, addr) = spawn(dir, &args);
-        Server { child: Some(child), addr, dir: dir.to_path_buf(), args, _tmp: None }
+        let envs: Vec<(String, String)> = envs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let (child, addr) = spawn(dir, &args, &envs);
+        Server { child: Some(child), addr, dir: dir.to_path_buf(), args, envs, _tmp: None }
     }
 
     pub fn client(&self) -> Client {
         Client::connect(self.addr)
+    }
+
+    /// Injects an I/O fault into the data directory (`/_larder/faults`, test builds only),
+    /// e.g. `write nospace`; `None` clears every fault.
+    pub fn fault(&self, rule: Option<&str>) {
+        let mut c = self.client();
+        let r = match rule {
+            Some(rule) => c.request("POST", "/_larder/faults", &[], rule.as_bytes()),
+            None => c.request("DELETE", "/_larder/faults", &[], b""),
+        };
+        assert_eq!(r.status, 200, "fault {rule:?}: {}", String::from_utf8_lossy(&r.body));
     }
 
     /// SIGTERM, and the exit status must be success.
@@ -68,7 +86,7 @@ impl Server {
     /// Starts again on the same directory with the same arguments.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop or kill first");
-        let (child, addr) = spawn(&self.dir, &self.args);
+        let (child, addr) = spawn(&self.dir, &self.args, &self.envs);
         self.child = Some(child);
         self.addr = addr;
     }
@@ -104,8 +122,9 @@ fn wait_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus 
     }
 }
 
-fn spawn(dir: &Path, args: &[String]) -> (Child, SocketAddr) {
+fn spawn(dir: &Path, args: &[String], envs: &[(String, String)]) -> (Child, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_larder"))
+        .envs(envs.iter().map(|(k, v)| (k, v)))
         .arg("serve")
         .arg("--listen")
         .arg("127.0.0.1:0")
