@@ -56,6 +56,9 @@ pub struct HttpArgs {
     /// Check that every GET body has the length the key was written with.
     #[arg(long)]
     pub check_length: bool,
+    /// Count a GET answered 404 as a cache miss, not an error (a ring that turns evicts).
+    #[arg(long)]
+    pub allow_misses: bool,
     /// Fail the run when more than this share of requests fail.
     #[arg(long, default_value_t = 0.001)]
     pub max_error_ratio: f64,
@@ -227,12 +230,14 @@ async fn connection(ctx: Arc<Ctx>, id: u64) -> Tally {
         let s = stream.as_mut().expect("connected");
         match exchange(s, &head, body, &mut rbuf).await {
             Ok(resp) => {
+                let miss = matches!(op, Op::Get(_)) && resp.status == 404 && ctx.args.allow_misses;
+                tally.misses += u64::from(miss);
                 let status_ok = match op {
-                    Op::Get(_) => resp.status == 200,
+                    Op::Get(_) => resp.status == 200 || miss,
                     Op::Put(_) => matches!(resp.status, 200 | 201 | 204),
                 };
                 let length_ok = match op {
-                    Op::Get(k) => !ctx.args.check_length || !status_ok || resp.body_len == gen.size_of(k),
+                    Op::Get(k) => !ctx.args.check_length || !status_ok || miss || resp.body_len == gen.size_of(k),
                     Op::Put(_) => true,
                 };
                 tally.record(started.elapsed(), status_ok && length_ok, body.len() + resp.body_len);

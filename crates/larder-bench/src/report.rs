@@ -31,6 +31,8 @@ pub struct Tally {
     pub hist: Histogram<u64>,
     /// Failures by cause ("GET status 404", "GET wrong body length", "PUT io: …").
     pub failures: std::collections::BTreeMap<String, u64>,
+    /// GETs answered 404 where misses are allowed (not errors).
+    pub misses: u64,
 }
 
 impl Default for Tally {
@@ -41,6 +43,7 @@ impl Default for Tally {
             bytes: 0,
             hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("bounds"),
             failures: Default::default(),
+            misses: 0,
         }
     }
 }
@@ -66,6 +69,7 @@ impl Tally {
         }
         self.requests += other.requests;
         self.errors += other.errors;
+        self.misses += other.misses;
         self.bytes += other.bytes;
         let _ = self.hist.add(&other.hist);
     }
@@ -90,6 +94,7 @@ impl Tally {
                 max_us: self.hist.max(),
             },
             failures: self.failures.clone(),
+            misses: self.misses,
         }
     }
 }
@@ -115,6 +120,8 @@ pub struct Summary {
     pub latency: Latency,
     /// Failures by cause.
     pub failures: std::collections::BTreeMap<String, u64>,
+    /// GETs answered 404 with `--allow-misses`.
+    pub misses: u64,
 }
 
 impl Summary {
@@ -137,6 +144,9 @@ impl Summary {
         );
         if !self.failures.is_empty() {
             println!("  failures: {:?}", self.failures);
+        }
+        if self.misses > 0 {
+            println!("  misses (404, allowed): {}", self.misses);
         }
     }
 }
