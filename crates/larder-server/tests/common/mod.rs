@@ -83,6 +83,12 @@ impl Server {
         let _ = child.wait();
     }
 
+    /// Starts again on the same directory with other arguments.
+    pub fn restart_with(&mut self, args: &[&str]) {
+        self.args = args.iter().map(|s| s.to_string()).collect();
+        self.restart();
+    }
+
     /// Starts again on the same directory with the same arguments.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop or kill first");
