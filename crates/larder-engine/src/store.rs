@@ -506,8 +506,8 @@ impl Shared {
         Ok(())
     }
 
-    /// Appends one record under the writer lock and updates the index through `publish`.
-    /// Returns the record's position and the append number to wait on for durability.
+    /// Appends one record under the writer lock. Returns the record's position and index
+    /// entry; the caller publishes it.
     fn append(
         &self,
         w: &mut Writer,
@@ -517,7 +517,16 @@ impl Shared {
         value: &[u8],
         value_crc: u32,
     ) -> Result<(Position, Loc)> {
-        self.append_once(w, header, key, meta, value, value_crc, false)
+        match self.write_record(w, header, key, meta, value, value_crc) {
+            // The device is full but the ring's next slot holds older data: turn the ring
+            // now, as it would turn later anyway; emptying that slot makes the room.
+            Err(e) if e.kind() == ErrorKind::NoSpace && w.offset > VOLUME_HEADER_LEN && self.next_holds_data(w) => {
+                tracing::warn!(slot = w.active, "device full: turning the ring early to free the oldest volume");
+                self.rotate(w)?;
+                self.write_record(w, header, key, meta, value, value_crc)
+            }
+            r => r,
+        }
     }
 
     /// Whether the slot the ring turns to next holds records (emptying it frees space).
@@ -526,8 +535,8 @@ impl Shared {
         next != w.active && self.slots[next].len.load(Ordering::Relaxed) > VOLUME_HEADER_LEN
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn append_once(
+    /// Writes one record at the writer's offset, turning the ring first if it does not fit.
+    fn write_record(
         &self,
         w: &mut Writer,
         header: Header,
@@ -535,7 +544,6 @@ impl Shared {
         meta: &[u8],
         value: &[u8],
         value_crc: u32,
-        turned: bool,
     ) -> Result<(Position, Loc)> {
         let record_len = (HEADER_LEN + key.len() + meta.len() + value.len()) as u64;
         let padded = record::padded(record_len);
@@ -558,15 +566,7 @@ impl Shared {
         if let Err(e) = res {
             let _ = io::set_len(file, w.offset);
             self.counters.write_failures.fetch_add(1, Ordering::Relaxed);
-            let e = Error::io("writing a record", e);
-            // The device is full but the ring's next slot holds older data: turn the ring
-            // now, as it would turn later anyway; emptying that slot makes the room.
-            if e.kind() == ErrorKind::NoSpace && !turned && w.offset > VOLUME_HEADER_LEN && self.next_holds_data(w) {
-                tracing::warn!(slot, "device full: turning the ring early to free the oldest volume");
-                self.rotate(w)?;
-                return self.append_once(w, header, key, meta, value, value_crc, true);
-            }
-            return Err(e);
+            return Err(Error::io("writing a record", e));
         }
         let loc = self.loc(slot, generation, w.offset, record_len);
         let pos = Position { volume: slot as u32, offset: w.offset, size: record_len };
