@@ -400,20 +400,22 @@ impl Shared {
     /// Whether the record at `loc` is of the current generation and has key `key` (header and
     /// key verified, value not).
     fn key_at(&self, loc: Loc, key: &[u8]) -> bool {
-        self.header_at(loc, key).is_some()
+        matches!(self.header_at(loc, key), Ok(Some(_)))
     }
 
     /// The header of the record at `loc` if it is of the current generation and has key `key`.
-    fn header_at(&self, loc: Loc, key: &[u8]) -> Option<Header> {
+    /// A read that fails is an error, not an absence: a DELETE must not answer "not found"
+    /// for a key whose record it could not read.
+    fn header_at(&self, loc: Loc, key: &[u8]) -> Result<Option<Header>> {
         let (Some(g), Some(file)) = (self.live_generation(loc), self.slots[loc.slot as usize].file.get()) else {
-            return None;
+            return Ok(None);
         };
         let salt = self.slots[loc.slot as usize].salt.load(Ordering::Acquire);
         let want = (record::size_class_bytes(loc.class) as usize).min(HEADER_LEN + key.len());
         let mut buf = vec![0u8; want];
-        let n = io::read_at_most(file, &mut buf, loc.offset).ok()?;
-        let h = record::decode_header(&buf[..n], salt).ok()?;
-        (h.generation == g && &buf[HEADER_LEN..HEADER_LEN + h.key_len as usize] == key).then_some(h)
+        let n = self.read(file, &mut buf, loc.offset, false)?.unwrap_or(0);
+        let Ok(h) = record::decode_header(&buf[..n], salt) else { return Ok(None) };
+        Ok((h.generation == g && &buf[HEADER_LEN..HEADER_LEN + h.key_len as usize] == key).then_some(h))
     }
 
     /// Drops `key` from the index if the entry for its hash really is that key.
@@ -1517,7 +1519,7 @@ impl Store {
             let now = now_ms();
             let live = |expiry_ms: u64| expiry_ms == 0 || expiry_ms > now;
             let seq = match sh.index.get(hash) {
-                Some(loc) => match sh.header_at(loc, key) {
+                Some(loc) => match sh.header_at(loc, key)? {
                     Some(h) if live(h.expiry_ms) => {
                         let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_TOMBSTONE) };
                         sh.append(&mut w, header, key, b"", b"", crc32c::crc32c(b""))?;

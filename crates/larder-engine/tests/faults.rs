@@ -91,6 +91,9 @@ fn eio_on_write_is_an_io_error_and_eio_on_read_is_not_a_miss() {
     // An unreadable device is an error (the server answers 503), never "not found".
     assert_eq!(store.get(b"k").unwrap_err().kind(), ErrorKind::Io);
     assert!(store.stats().read_failures >= 1);
+    // A DELETE that cannot read the record it would remove fails; it does not answer "absent"
+    // (the server's power-cut test found that one).
+    assert_eq!(store.delete(b"k").unwrap_err().kind(), ErrorKind::Io);
     faults::clear(dir.path());
     assert_eq!(get(&store, "k").as_deref(), Some(&b"value"[..]));
 }

@@ -173,7 +173,8 @@ fn unauthorized(app: &App, headers: &HeaderMap) -> Option<Resp> {
 }
 
 /// `/_larder/faults`, in builds with the engine's fault layer only (tests): POST a rule such
-/// as `write nospace` to make the data directory's I/O fail; DELETE clears every fault.
+/// as `write nospace` to make the data directory's I/O fail, or `power-cut` (with the server
+/// started with `LARDER_FAULTS_TRACK` set) to simulate a power loss; DELETE clears faults.
 async fn faults(app: &App, req: Request<Incoming>) -> Resp {
     use larder_engine::faults;
     if !faults::available() {
@@ -187,6 +188,13 @@ async fn faults(app: &App, req: Request<Incoming>) -> Resp {
                 Err(e) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
             };
             let spec = String::from_utf8_lossy(&body);
+            if spec.trim() == "power-cut" {
+                // Undo every write not yet synced; from now on all I/O on the directory fails.
+                return match faults::power_cut(dir) {
+                    Ok(r) => text_owned(StatusCode::OK, format!("undid {} changes in {} files\n", r.changes, r.files)),
+                    Err(e) => text_owned(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+                };
+            }
             match faults::Rule::parse(&spec).map(|r| faults::inject(dir, r)) {
                 Ok(Ok(())) => text(StatusCode::OK, "injected\n"),
                 Ok(Err(e)) => text_owned(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),

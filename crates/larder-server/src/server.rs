@@ -330,6 +330,14 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                 reinsert_min_hits: s.reinsert_min_hits,
                 ..StoreConfig::new(&s.data_dir)
             };
+            // Test builds only: log writes from the start, for a simulated power cut.
+            if larder_engine::faults::available() && std::env::var_os("LARDER_FAULTS_TRACK").is_some() {
+                if let Err(e) =
+                    std::fs::create_dir_all(&s.data_dir).and_then(|_| larder_engine::faults::track(&s.data_dir))
+                {
+                    tracing::error!(error = %e, "cannot track the data directory for power cuts");
+                }
+            }
             let r = Store::open(cfg).map(|store| {
                 let _ = app.store.set(store);
             });
