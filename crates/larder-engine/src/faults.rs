@@ -7,11 +7,13 @@
 //! `/proc/self/fd` (only while some directory is registered) and applies the first rule of
 //! that directory that matches.
 //!
-//! Power-cut model (as redb's crash backend): a file's durable content is what it held at its
-//! last `fdatasync`/`fsync`, or when tracking began. Every write and length change since is
-//! logged with the bytes it replaced; [`power_cut`] replays the logs backwards, so each file
-//! is left exactly as a power loss would at worst leave it. Directory entries (creations,
-//! renames, removals) are taken as durable at once: larder syncs the directory after each.
+//! Power-cut model (as redb's crash backend): a file's durable content is what it held when
+//! its last successful `fdatasync`/`fsync` started, or when tracking began. Every write and
+//! length change since is logged with the bytes it replaced; [`power_cut`] replays the logs
+//! backwards, so each file is left as a power loss would at worst leave it. Two simplifications,
+//! both on the kind side: directory entries (creations, renames, removals) are durable at once
+//! (larder syncs the directory after each), and a sync that fails does not poison the changes
+//! it covered for later syncs, as Linux may.
 
 // Without the feature nothing calls the hooks; the registry stays so the API compiles.
 #![cfg_attr(not(feature = "faults"), allow(dead_code))]
@@ -119,12 +121,20 @@ enum Undo {
     SetLen { len: u64, tail: Vec<u8> },
 }
 
+/// A file's changes not yet durable, oldest first; the first `completed` have returned
+/// from their system call (only those can a sync that starts now make durable).
+#[derive(Default)]
+struct Log {
+    undo: Vec<Undo>,
+    completed: usize,
+}
+
 #[derive(Default)]
 struct Dir {
     rules: Vec<Rule>,
     tracking: bool,
-    /// Per file, its changes since the last sync, oldest first.
-    logs: HashMap<PathBuf, Vec<Undo>>,
+    /// Per file, its changes since the last sync.
+    logs: HashMap<PathBuf, Log>,
     /// After a power cut every operation fails: the process is "dead" until [`clear`].
     dead: bool,
 }
@@ -186,32 +196,46 @@ pub fn track(dir: &Path) -> io::Result<()> {
 /// later operation on it with `EIO` until [`clear`], so the store still open on it cannot
 /// change it any more. Drop that store, clear, and reopen to see what recovery makes of it.
 pub fn power_cut(dir: &Path) -> io::Result<CutReport> {
+    use std::os::unix::fs::FileExt;
     let d = dir_state(dir, false)?.ok_or_else(|| io::Error::other("the directory is not tracked"))?;
     let _cut = CUT.write();
     let mut d = d.lock();
     d.dead = true;
     let mut report = CutReport::default();
-    for (path, undos) in d.logs.drain() {
+    let mut first_error = None;
+    for (path, log) in d.logs.drain() {
+        // A file removed since (a temporary file renamed away) has nothing left to undo.
+        let f = match std::fs::OpenOptions::new().write(true).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                first_error.get_or_insert(e);
+                continue;
+            }
+        };
         report.files += 1;
-        let f = std::fs::OpenOptions::new().write(true).open(&path)?;
-        for u in undos.iter().rev() {
+        for u in log.undo.iter().rev() {
             report.changes += 1;
-            use std::os::unix::fs::FileExt;
-            match u {
-                Undo::Write { offset, old, len } => {
-                    f.write_all_at(old, *offset)?;
-                    f.set_len(*len)?;
-                }
-                Undo::SetLen { len, tail } => {
-                    f.set_len(*len)?;
-                    if !tail.is_empty() {
-                        f.write_all_at(tail, *len - tail.len() as u64)?;
+            let r = match u {
+                Undo::Write { offset, old, len } => f.write_all_at(old, *offset).and_then(|_| f.set_len(*len)),
+                Undo::SetLen { len, tail } => f.set_len(*len).and_then(|_| {
+                    if tail.is_empty() {
+                        Ok(())
+                    } else {
+                        f.write_all_at(tail, *len - tail.len() as u64)
                     }
-                }
+                }),
+            };
+            if let Err(e) = r {
+                first_error.get_or_insert(e);
             }
         }
     }
-    Ok(report)
+    // Every file is undone as far as it can be before an error is reported.
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(report),
+    }
 }
 
 /// What a hooked operation should do.
@@ -273,11 +297,56 @@ impl Dir {
 
 /// A hooked operation in progress: holds off power cuts until it is dropped.
 pub(crate) struct Hook {
-    _cut: Option<parking_lot::RwLockReadGuard<'static, ()>>,
     pub verdict: Verdict,
+    /// For a logged change: counted complete when dropped. For a sync: how many changes
+    /// were complete when it started, made durable by [`Hook::synced`].
+    log: Option<(Arc<Mutex<Dir>>, PathBuf, Pending)>,
+    _cut: Option<parking_lot::RwLockReadGuard<'static, ()>>,
 }
 
-const PASS: Hook = Hook { _cut: None, verdict: Verdict::Proceed };
+enum Pending {
+    Change,
+    Sync(usize),
+}
+
+const PASS: Hook = Hook { verdict: Verdict::Proceed, log: None, _cut: None };
+
+impl Hook {
+    /// Takes the verdict out (leaving `Proceed`).
+    pub(crate) fn take_verdict(&mut self) -> Verdict {
+        std::mem::replace(&mut self.verdict, Verdict::Proceed)
+    }
+
+    /// The error the operation must fail with, if any (a short write fails too).
+    pub(crate) fn take_failure(&mut self) -> Option<io::Error> {
+        match self.take_verdict() {
+            Verdict::Proceed => None,
+            Verdict::Fail(e) | Verdict::Short(_, e) => Some(e),
+        }
+    }
+
+    /// The sync this hook guarded succeeded: the changes complete before it are durable.
+    pub(crate) fn synced(mut self) {
+        if let Some((d, path, Pending::Sync(n))) = self.log.take() {
+            let mut d = d.lock();
+            if let Some(log) = d.logs.get_mut(&path) {
+                log.undo.drain(..n.min(log.undo.len()));
+                log.completed = log.completed.saturating_sub(n);
+            }
+        }
+    }
+}
+
+impl Drop for Hook {
+    fn drop(&mut self) {
+        // Runs before the power-cut guard is released (fields drop after this).
+        if let Some((d, path, Pending::Change)) = self.log.take() {
+            if let Some(log) = d.lock().logs.get_mut(&path) {
+                log.completed += 1;
+            }
+        }
+    }
+}
 
 /// Before a read, sync, or directory sync of `file`.
 pub(crate) fn before(file: &std::fs::File, op: Op) -> Hook {
@@ -286,14 +355,15 @@ pub(crate) fn before(file: &std::fs::File, op: Op) -> Hook {
     }
     let cut = CUT.read();
     let Some((d, path)) = lookup(file) else { return PASS };
-    let mut d = d.lock();
-    let verdict = d.verdict(&path, op, 0);
-    if op == Op::Sync && matches!(verdict, Verdict::Proceed) {
-        // Taken as durable before the call returns: the simulation's failures come from
-        // rules, which never reach this line, not from the device.
-        d.logs.remove(&path);
-    }
-    Hook { _cut: Some(cut), verdict }
+    let mut dir = d.lock();
+    let verdict = dir.verdict(&path, op, 0);
+    // A sync makes durable only what had been written when it started.
+    let pending = match (op, &verdict) {
+        (Op::Sync, Verdict::Proceed) => dir.logs.get(&path).map(|l| Pending::Sync(l.completed)),
+        _ => None,
+    };
+    drop(dir);
+    Hook { verdict, log: pending.map(|p| (d, path, p)), _cut: Some(cut) }
 }
 
 /// Before writing `len` bytes at `offset` of `file` (`set_len` is `Some(new_len)` for a
@@ -304,9 +374,10 @@ pub(crate) fn before_change(file: &std::fs::File, offset: u64, len: usize, set_l
     }
     let cut = CUT.read();
     let Some((d, path)) = lookup(file) else { return PASS };
-    let mut d = d.lock();
-    let verdict = d.verdict(&path, Op::Write, len);
-    if d.tracking && !matches!(verdict, Verdict::Fail(_)) {
+    let mut dir = d.lock();
+    let verdict = dir.verdict(&path, Op::Write, len);
+    let logged = dir.tracking && !matches!(verdict, Verdict::Fail(_));
+    if logged {
         let size = file.metadata().map(|m| m.len()).unwrap_or(0);
         let undo = match set_len {
             Some(new) => {
@@ -320,7 +391,8 @@ pub(crate) fn before_change(file: &std::fs::File, offset: u64, len: usize, set_l
                 Undo::Write { offset, old, len: size }
             }
         };
-        d.logs.entry(path).or_default().push(undo);
+        dir.logs.entry(path.clone()).or_default().undo.push(undo);
     }
-    Hook { _cut: Some(cut), verdict }
+    drop(dir);
+    Hook { verdict, log: logged.then_some((d, path, Pending::Change)), _cut: Some(cut) }
 }

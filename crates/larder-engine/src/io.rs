@@ -9,13 +9,14 @@ use std::io::{self, IoSlice};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-/// Applies an injected fault, if any, to a read or a sync (feature `faults` only).
+/// Applies an injected fault, if any, to a read or a sync (feature `faults` only), keeping
+/// the hook in `$name` until the end of the function.
 macro_rules! hook {
-    ($file:expr, $op:ident) => {
+    ($name:ident = $file:expr, $op:ident) => {
         #[cfg(feature = "faults")]
-        let _hook = {
-            let h = crate::faults::before($file, crate::faults::Op::$op);
-            if let crate::faults::Verdict::Fail(e) | crate::faults::Verdict::Short(_, e) = h.verdict {
+        let $name = {
+            let mut h = crate::faults::before($file, crate::faults::Op::$op);
+            if let Some(e) = h.take_failure() {
                 return Err(e);
             }
             h
@@ -25,7 +26,7 @@ macro_rules! hook {
 
 /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (short at EOF).
 pub fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    hook!(file, Read);
+    hook!(_hook = file, Read);
     read_unhooked(file, buf, offset)
 }
 
@@ -46,7 +47,7 @@ fn read_unhooked(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> 
 /// for the device (`RWF_NOWAIT`), so that a caller on an async worker can move the read to a
 /// thread that may block. Where the flag is unsupported the read simply happens.
 pub fn read_cached_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<Option<usize>> {
-    hook!(file, Read);
+    hook!(_hook = file, Read);
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
@@ -87,8 +88,8 @@ pub fn write_all_vectored_at(file: &File, parts: &[&[u8]], offset: u64) -> io::R
     let _hook = {
         use crate::faults::Verdict;
         let len = parts.iter().map(|p| p.len()).sum();
-        let h = crate::faults::before_change(file, offset, len, None);
-        match h.verdict {
+        let mut h = crate::faults::before_change(file, offset, len, None);
+        match h.take_verdict() {
             Verdict::Proceed => h,
             Verdict::Fail(e) => return Err(e),
             Verdict::Short(n, e) => {
@@ -147,14 +148,17 @@ fn write_unhooked(file: &File, parts: &[&[u8]], offset: u64) -> io::Result<()> {
 
 /// Makes a file's data durable (fdatasync where available).
 pub fn sync_data(file: &File) -> io::Result<()> {
-    hook!(file, Sync);
-    file.sync_data()
+    hook!(hook = file, Sync);
+    file.sync_data()?;
+    #[cfg(feature = "faults")]
+    hook.synced();
+    Ok(())
 }
 
 /// Makes directory entries (creations, renames, removals) in `dir` durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     let f = File::open(dir)?;
-    hook!(&f, Sync);
+    hook!(_hook = &f, Sync);
     f.sync_all()
 }
 
@@ -162,8 +166,8 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 pub fn set_len(file: &File, len: u64) -> io::Result<()> {
     #[cfg(feature = "faults")]
     let _hook = {
-        let h = crate::faults::before_change(file, len, 0, Some(len));
-        if let crate::faults::Verdict::Fail(e) | crate::faults::Verdict::Short(_, e) = h.verdict {
+        let mut h = crate::faults::before_change(file, len, 0, Some(len));
+        if let Some(e) = h.take_failure() {
             return Err(e);
         }
         h
@@ -177,8 +181,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     {
         let f = File::create(&tmp)?;
         write_all_vectored_at(&f, &[bytes], 0)?;
-        hook!(&f, Sync);
+        hook!(hook = &f, Sync);
         f.sync_all()?;
+        #[cfg(feature = "faults")]
+        hook.synced();
     }
     std::fs::rename(&tmp, path)?;
     sync_dir(path.parent().unwrap_or(Path::new(".")))

@@ -307,9 +307,9 @@ impl Writer {
 }
 
 /// An index change to undo: the entry for `hash` went from `before` to `after`.
-#[derive(Clone, Copy)]
 struct Undo {
     hash: u64,
+    key: Box<[u8]>,
     before: Option<Loc>,
     after: Option<Loc>,
 }
@@ -325,7 +325,10 @@ fn same(a: Option<Loc>, b: Option<Loc>) -> bool {
 #[derive(Default)]
 struct DurableState {
     synced: u64,
-    failed_through: u64,
+    /// The highest append count a sync has been attempted for.
+    attempted: u64,
+    /// The append ranges `(after, through]` whose sync failed (the most recent 1024 runs).
+    failed: std::collections::VecDeque<(u64, u64)>,
     syncing: bool,
 }
 
@@ -335,6 +338,9 @@ enum Job {
         generation: u32,
         sequence: u64,
         len: u64,
+        /// The append count when the volume was sealed (`None` for a volume recovered at
+        /// open): its records must be durable before the hint names them.
+        through: Option<u64>,
     },
     Reinsert {
         slot: usize,
@@ -498,6 +504,7 @@ impl Shared {
                 generation: os.generation.load(Ordering::Relaxed),
                 sequence: os.sequence.load(Ordering::Relaxed),
                 len: w.offset,
+                through: Some(w.appended),
             });
         }
         w.active = next;
@@ -582,11 +589,14 @@ impl Shared {
     fn wait_durable(&self, seq: u64) -> Result<()> {
         let mut st = self.durable.lock();
         loop {
-            // Failure first: a later successful sync does not cover pages whose writeback failed.
-            if st.failed_through >= seq {
-                return Err(Error::new(ErrorKind::Io, "fdatasync failed; the write may not be durable"));
-            }
-            if st.synced >= seq {
+            // Only the sync that covered `seq` decides: a later successful one does not cover
+            // pages whose writeback failed, and a failure after a success does not undo it.
+            if seq <= st.attempted {
+                let failed = st.failed.iter().any(|&(after, through)| seq > after && seq <= through);
+                // Syncs only raise `synced`: below `seq`, the one that covered it failed.
+                if failed || st.synced < seq {
+                    return Err(Error::new(ErrorKind::Io, "fdatasync failed; the write may not be durable"));
+                }
                 return Ok(());
             }
             if st.syncing {
@@ -598,11 +608,23 @@ impl Shared {
             let (target, res) = self.sync_now();
             st = self.durable.lock();
             st.syncing = false;
+            // Syncs run one at a time, each covering the appends after the previous one's.
+            let covered = (st.attempted, target);
+            st.attempted = st.attempted.max(target);
             match res {
                 Ok(()) => st.synced = st.synced.max(target),
                 Err(e) => {
                     tracing::error!(error = %e, "fdatasync failed");
-                    st.failed_through = st.failed_through.max(target);
+                    match st.failed.back_mut() {
+                        // Failures in a row make one range.
+                        Some(last) if last.1 == covered.0 => last.1 = covered.1,
+                        _ => {
+                            if st.failed.len() == 1024 {
+                                st.failed.pop_front();
+                            }
+                            st.failed.push_back(covered);
+                        }
+                    }
                 }
             }
             self.durable_cv.notify_all();
@@ -635,6 +657,10 @@ impl Shared {
             // their previous values: undo their index changes, newest first, under the writer
             // lock so no append interleaves. A later write of the same key wins the compare.
             for u in undo.iter().rev() {
+                // A GET meanwhile may have promoted the value being undone.
+                if let Some(m) = &self.memory {
+                    m.invalidate(u.hash, &u.key);
+                }
                 if !self.index.compare_and_set(u.hash, u.after, u.before) {
                     // A write after this sync's target replaced the entry: if that one is
                     // undone later, it must go back to what was there before this one.
@@ -648,20 +674,26 @@ impl Shared {
         (target, result)
     }
 
-    fn write_hint(&self, slot: usize, generation: u32, sequence: u64, len: u64) -> std::io::Result<()> {
+    fn write_hint(&self, slot: usize, generation: u32, sequence: u64, len: u64, through: Option<u64>) -> Result<()> {
         let s = &self.slots[slot];
         let Some(file) = s.file.get() else { return Ok(()) };
         let salt = s.salt.load(Ordering::Acquire);
         // The hint is durable once written, so the records it names must be first: else a
-        // power cut leaves a hint pointing at bytes that never reached the disk.
-        io::sync_data(file)?;
-        let entries = recovery::hint_entries(self, file, len, generation, salt)?;
+        // power cut leaves a hint pointing at bytes that never reached the disk. The sync goes
+        // through group commit, so that a failure reaches the writes waiting on it (Linux
+        // reports a writeback error once).
+        match through {
+            Some(n) => self.wait_durable(n)?,
+            None => io::sync_data(file).map_err(|e| Error::io("syncing a recovered volume", e))?,
+        }
+        let entries =
+            recovery::hint_entries(self, file, len, generation, salt).map_err(|e| Error::io("reading a volume", e))?;
         if s.generation.load(Ordering::Acquire) != generation {
             return Ok(()); // the ring reused the slot meanwhile
         }
         let vh = VolumeHeader { slot: slot as u32, generation, sequence, salt, created_ms: 0, dir_id: self.dir_id };
         let bytes = hint::encode(&vh, len, &entries);
-        io::write_atomic(&hint_path(&self.dir, slot), &bytes)?;
+        io::write_atomic(&hint_path(&self.dir, slot), &bytes).map_err(|e| Error::io("writing a hint file", e))?;
         self.counters.hints_written.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -979,8 +1011,8 @@ impl Shared {
 
     fn run_job(&self, job: Job) {
         match job {
-            Job::Hint { slot, generation, sequence, len } => {
-                if let Err(e) = self.write_hint(slot, generation, sequence, len) {
+            Job::Hint { slot, generation, sequence, len, through } => {
+                if let Err(e) = self.write_hint(slot, generation, sequence, len, through) {
                     tracing::warn!(slot, error = %e, "could not write a hint file; recovery will scan the volume");
                 }
             }
@@ -1202,6 +1234,7 @@ impl Store {
                 generation: s.generation.load(Ordering::Relaxed),
                 sequence: s.sequence.load(Ordering::Relaxed),
                 len: s.len.load(Ordering::Relaxed),
+                through: None,
             });
         }
         Ok(Store { shared, threads: Mutex::new(threads) })
@@ -1303,7 +1336,7 @@ impl Store {
             // A colliding key loses its entry here: it becomes a miss, never a wrong value.
             let before = sh.index.insert(hash, loc);
             if always {
-                w.undo.push(Undo { hash, before, after: Some(loc) });
+                w.undo.push(Undo { hash, key: key.into(), before, after: Some(loc) });
             }
             (pos, loc, w.appended)
         };
@@ -1524,7 +1557,7 @@ impl Store {
                         let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_TOMBSTONE) };
                         sh.append(&mut w, header, key, b"", b"", crc32c::crc32c(b""))?;
                         if sh.index.remove_if_eq(hash, loc) && sh.cfg.fsync == FsyncPolicy::Always {
-                            w.undo.push(Undo { hash, before: Some(loc), after: None });
+                            w.undo.push(Undo { hash, key: key.into(), before: Some(loc), after: None });
                         }
                         Some(w.appended)
                     }

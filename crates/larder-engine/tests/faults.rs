@@ -212,29 +212,47 @@ fn versioned(key: u64, version: u64) -> Vec<u8> {
     v
 }
 
+/// The "key K version V" prefix of a value written by [`versioned`].
+fn version_of(v: &[u8]) -> String {
+    String::from_utf8_lossy(&v[..v.len().min(24)]).split(' ').take(4).collect::<Vec<_>>().join(" ")
+}
+
 /// Acknowledged history per key: (acknowledged at, value or `None` for a delete), in order.
 type History = HashMap<u64, Vec<(Instant, Option<Vec<u8>>)>>;
+
+/// Per key, the writes that failed after its last acknowledged one: a write cut off by the
+/// power may still have reached the disk (an error means "not known to be stored").
+type Unacked = HashMap<u64, Vec<Option<Vec<u8>>>>;
 
 /// Writes a random put/delete/overwrite load for `ops` operations or until `until`, with
 /// several threads, and returns the acknowledged history.
 fn load(store: &Store, seed: u64, ops: u64, keys: u64) -> History {
+    load_range(store, seed, ops, 0..keys).0
+}
+
+/// [`load`] on the keys in `range` only, so several threads can load at once.
+fn load_range(store: &Store, seed: u64, ops: u64, range: std::ops::Range<u64>) -> (History, Unacked) {
     let mut rng = Rng(seed | 1);
     let mut history = History::new();
+    let mut unacked = Unacked::new();
     for n in 0..ops {
-        let key = rng.below(keys);
+        let key = range.start + rng.below(range.end - range.start);
         let name = format!("key/{key}");
-        if rng.below(5) == 0 {
-            if store.delete(name.as_bytes()).is_ok() {
-                history.entry(key).or_default().push((Instant::now(), None));
-            }
+        let (value, ok) = if rng.below(5) == 0 {
+            (None, store.delete(name.as_bytes()).is_ok())
         } else {
             let v = versioned(key, seed << 20 | n);
-            if store.put(name.as_bytes(), &v).is_ok() {
-                history.entry(key).or_default().push((Instant::now(), Some(v)));
-            }
+            let ok = store.put(name.as_bytes(), &v).is_ok();
+            (Some(v), ok)
+        };
+        if ok {
+            history.entry(key).or_default().push((Instant::now(), value));
+            unacked.remove(&key);
+        } else {
+            unacked.entry(key).or_default().push(value);
         }
     }
-    history
+    (history, unacked)
 }
 
 /// A ring large enough that nothing the power-cut tests write is evicted by it, with volumes
@@ -254,22 +272,54 @@ fn cut_and_reopen(dir: &Path, store: Store) -> Store {
 
 #[test]
 fn power_cut_with_fsync_always_keeps_every_acknowledged_write() {
+    let mut undone = 0;
     for seed in 1..=6u64 {
         let dir = tempfile::tempdir().unwrap();
         let _f = Faulty(dir.path());
         faults::track(dir.path()).unwrap();
         let store = Store::open(roomy(dir.path(), FsyncPolicy::Always)).unwrap();
         let mut rng = Rng(seed * 7919);
-        let history = load(&store, seed, 200 + rng.below(600), 150);
-        let store = cut_and_reopen(dir.path(), store);
+        let ops = 100 + rng.below(300);
+        // Four writers at once, so that group commit has writes in flight when the power goes.
+        let (history, unacked) = std::thread::scope(|s| {
+            let store = &store;
+            let writers: Vec<_> = (0..4u64)
+                .map(|t| s.spawn(move || load_range(store, seed * 10 + t, ops, t * 40..t * 40 + 40)))
+                .collect();
+            // The cut lands while they write (or just after the fastest finish).
+            std::thread::sleep(std::time::Duration::from_millis(rng.below(30)));
+            let report = faults::power_cut(dir.path()).unwrap();
+            undone += report.changes;
+            let mut all = (History::new(), Unacked::new());
+            for w in writers {
+                let (h, u) = w.join().unwrap();
+                all.0.extend(h);
+                all.1.extend(u);
+            }
+            all
+        });
+        drop(store);
+        faults::clear(dir.path());
+        let store = Store::open(roomy(dir.path(), FsyncPolicy::Never)).unwrap();
         let mut checked = 0;
         for (key, h) in &history {
+            // Writes acknowledged before the cut are durable; after it, writes fail. A write
+            // in progress at the cut may have made it although it failed.
             let want = h.last().unwrap().1.as_deref();
-            assert_eq!(get(&store, &format!("key/{key}")).as_deref(), want, "seed {seed} key {key}");
+            let got = get(&store, &format!("key/{key}"));
+            let maybe = unacked.get(key).into_iter().flatten();
+            assert!(
+                got.as_deref() == want || maybe.clone().any(|m| *m == got),
+                "seed {seed} key {key}: found {:?}, acknowledged in order {:?}; {:?}",
+                got.as_deref().map(version_of),
+                h.iter().map(|(_, v)| v.as_deref().map(version_of)).collect::<Vec<_>>(),
+                store.stats()
+            );
             checked += 1;
         }
-        assert!(checked > 50);
+        assert!(checked > 20, "seed {seed}: {checked} keys written before the cut");
     }
+    println!("the cuts undid {undone} changes of writes in flight");
 }
 
 #[test]
@@ -283,8 +333,8 @@ fn power_cut_without_fsync_loses_writes_but_never_serves_wrong_bytes() {
         // Some of it is durable: a checkpoint of everything so far, halfway.
         let mut history = load(&store, seed, 400, 120);
         store.sync().unwrap();
-        let synced: HashMap<u64, Option<Vec<u8>>> =
-            history.iter().map(|(k, h)| (*k, h.last().unwrap().1.clone())).collect();
+        // Per key, how many of its writes the sync covered.
+        let synced: HashMap<u64, usize> = history.iter().map(|(k, h)| (*k, h.len())).collect();
         for (k, later) in load(&store, seed + 100, 600, 120) {
             history.entry(k).or_default().extend(later);
         }
@@ -292,15 +342,16 @@ fn power_cut_without_fsync_loses_writes_but_never_serves_wrong_bytes() {
         // name records that the cut takes away.
         store.settle();
         assert!(store.stats().hints_written > 0);
+        // Sealing a volume syncs (before its hint is written): these last writes stay unsynced.
+        for (k, later) in load(&store, seed + 200, 100, 120) {
+            history.entry(k).or_default().extend(later);
+        }
         let store = cut_and_reopen(dir.path(), store);
         for (key, h) in &history {
             let got = get(&store, &format!("key/{key}"));
             // Anything acknowledged since the last sync may be lost, but what is served is
             // a value written for this key, and not older than the synced one.
-            let from = match synced.get(key) {
-                Some(v) => h.iter().position(|(_, w)| w == v).unwrap(),
-                None => 0,
-            };
+            let from = synced.get(key).map_or(0, |n| n - 1);
             let allowed: Vec<_> = h[from..].iter().map(|(_, v)| v.clone()).collect();
             let fresh = !synced.contains_key(key) && got.is_none();
             assert!(allowed.contains(&got) || fresh, "seed {seed} key {key}: not a value acknowledged since the sync");
@@ -322,7 +373,7 @@ fn power_cut_with_fsync_every_second_keeps_what_is_older_than_the_interval() {
     let start = Instant::now();
     let mut history = History::new();
     let mut round = 0;
-    while start.elapsed() < Duration::from_millis(3500) {
+    while start.elapsed() < Duration::from_millis(4500) {
         for (k, h) in load(&store, 1000 + round, 50, 200) {
             history.entry(k).or_default().extend(h);
         }
@@ -331,8 +382,8 @@ fn power_cut_with_fsync_every_second_keeps_what_is_older_than_the_interval() {
     }
     let cut_at = Instant::now();
     let store = cut_and_reopen(dir.path(), store);
-    // The background sync runs every second; allow one more second for a slow machine.
-    let promised = cut_at - Duration::from_secs(2);
+    // The background sync runs every second; allow two more for a loaded machine.
+    let promised = cut_at - Duration::from_secs(3);
     let (mut keys, mut old_enough) = (0, 0);
     for (key, h) in &history {
         let got = get(&store, &format!("key/{key}"));
@@ -341,7 +392,7 @@ fn power_cut_with_fsync_every_second_keeps_what_is_older_than_the_interval() {
             Some(i) => {
                 old_enough += 1;
                 let allowed: Vec<_> = h[i..].iter().map(|(_, v)| v.clone()).collect();
-                assert!(allowed.contains(&got), "key {key}: lost a write acknowledged over 2 s before the cut");
+                assert!(allowed.contains(&got), "key {key}: lost a write acknowledged over 3 s before the cut");
             }
             None => assert!(got.is_none() || h.iter().any(|(_, v)| *v == got), "key {key}: foreign bytes"),
         }

@@ -21,6 +21,9 @@ pub struct App {
     pub store: OnceLock<Store>,
     /// Settings in force.
     pub settings: Settings,
+    /// Whether `/_larder/faults` answers: a build with the engine's fault layer, started with
+    /// `LARDER_FAULTS` set (tests only).
+    pub faults: bool,
 }
 
 type Resp = Response<Full<Bytes>>;
@@ -174,10 +177,11 @@ fn unauthorized(app: &App, headers: &HeaderMap) -> Option<Resp> {
 
 /// `/_larder/faults`, in builds with the engine's fault layer only (tests): POST a rule such
 /// as `write nospace` to make the data directory's I/O fail, or `power-cut` (with the server
-/// started with `LARDER_FAULTS_TRACK` set) to simulate a power loss; DELETE clears faults.
+/// started with `LARDER_FAULTS=track`) to simulate a power loss; DELETE clears faults. Off
+/// unless the environment variable `LARDER_FAULTS` is set too.
 async fn faults(app: &App, req: Request<Incoming>) -> Resp {
     use larder_engine::faults;
-    if !faults::available() {
+    if !app.faults {
         return text(StatusCode::NOT_FOUND, "no such admin endpoint\n");
     }
     let dir = &app.settings.data_dir;
@@ -190,7 +194,10 @@ async fn faults(app: &App, req: Request<Incoming>) -> Resp {
             let spec = String::from_utf8_lossy(&body);
             if spec.trim() == "power-cut" {
                 // Undo every write not yet synced; from now on all I/O on the directory fails.
-                return match faults::power_cut(dir) {
+                // It waits for every I/O call in flight: not on an async worker.
+                let dir = dir.clone();
+                let cut = tokio::task::spawn_blocking(move || faults::power_cut(&dir)).await;
+                return match cut.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string()))) {
                     Ok(r) => text_owned(StatusCode::OK, format!("undid {} changes in {} files\n", r.changes, r.files)),
                     Err(e) => text_owned(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
                 };

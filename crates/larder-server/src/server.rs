@@ -30,6 +30,17 @@ struct Activity {
     answered: AtomicU64,
     /// `read` when the last response was finished: bytes beyond it belong to the next request.
     read_at_answer: AtomicU64,
+    /// [`coarse_ms`] when a byte last moved either way (or the connection was accepted).
+    moved_at: AtomicU64,
+}
+
+/// Milliseconds since the server started, updated every [`COARSE_TICK`] by a background task:
+/// cheap enough to note on every read and write of a connection.
+static COARSE_MS: AtomicU64 = AtomicU64::new(0);
+const COARSE_TICK: Duration = Duration::from_millis(50);
+
+fn coarse_ms() -> u64 {
+    COARSE_MS.load(Ordering::Relaxed)
 }
 
 /// A response body that tells the watchdog when hyper is done with it.
@@ -76,6 +87,7 @@ impl AsyncRead for Tracked {
         let n = buf.filled().len() - before;
         if n > 0 {
             self.activity.read.fetch_add(n as u64, Ordering::Relaxed);
+            self.activity.moved_at.store(coarse_ms(), Ordering::Relaxed);
         }
         r
     }
@@ -86,6 +98,7 @@ impl AsyncWrite for Tracked {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = r {
             self.activity.written.fetch_add(n as u64, Ordering::Relaxed);
+            self.activity.moved_at.store(coarse_ms(), Ordering::Relaxed);
         }
         r
     }
@@ -97,6 +110,7 @@ impl AsyncWrite for Tracked {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if let Poll::Ready(Ok(n)) = r {
             self.activity.written.fetch_add(n as u64, Ordering::Relaxed);
+            self.activity.moved_at.store(coarse_ms(), Ordering::Relaxed);
         }
         r
     }
@@ -176,37 +190,48 @@ struct Conns {
 
 struct Conn {
     activity: Arc<Activity>,
-    opened: Instant,
     close: Arc<Notify>,
 }
 
+/// A connection must have been quiet this long to be closed for a newcomer: long enough that
+/// a request already sent is read, and that the tail of a response still being written (hyper
+/// finishes with a body before the socket takes all of it) keeps moving bytes.
+const QUIET_BEFORE_CLOSE_MS: u64 = 1000;
+
 impl Conn {
-    /// Connected but never sent a byte.
-    fn never_used(&self) -> bool {
-        self.activity.read.load(Ordering::Relaxed) == 0
+    fn quiet(&self, now: u64) -> bool {
+        now.saturating_sub(self.activity.moved_at.load(Ordering::Relaxed)) >= QUIET_BEFORE_CLOSE_MS
     }
-    /// Between requests: the last one answered and nothing of the next one read.
-    fn idle(&self) -> bool {
+    /// Connected a while ago and never sent a byte.
+    fn never_used(&self, now: u64) -> bool {
+        self.activity.read.load(Ordering::Relaxed) == 0 && self.quiet(now)
+    }
+    /// Between requests, quiet: the last one answered and nothing of the next one read.
+    fn idle(&self, now: u64) -> bool {
         let a = &self.activity;
         a.started.load(Ordering::Relaxed) == a.answered.load(Ordering::Acquire)
             && a.read.load(Ordering::Relaxed) == a.read_at_answer.load(Ordering::Relaxed)
+            && self.quiet(now)
     }
 }
 
 impl Conns {
-    /// Makes room for one more connection if there are `max` already: closes the oldest
-    /// never-used connection, else an idle keep-alive one. `false` if all are busy.
+    /// Makes room for one more connection if there are `max` already: closes the
+    /// longest-quiet never-used connection, else the longest-quiet idle keep-alive one.
+    /// `false` if every connection is busy (or too recently active).
     fn make_room(&mut self, max: usize) -> bool {
         if self.open.len() < max {
             return true;
         }
-        let victim = self
-            .open
-            .iter()
-            .filter(|(_, c)| c.never_used())
-            .min_by_key(|(_, c)| c.opened)
-            .or_else(|| self.open.iter().find(|(_, c)| c.idle()))
-            .map(|(id, _)| *id);
+        let now = coarse_ms();
+        let quietest = |f: &dyn Fn(&Conn) -> bool| {
+            self.open
+                .iter()
+                .filter(|(_, c)| f(c))
+                .min_by_key(|(_, c)| c.activity.moved_at.load(Ordering::Relaxed))
+                .map(|(id, _)| *id)
+        };
+        let victim = quietest(&|c| c.never_used(now)).or_else(|| quietest(&|c| c.idle(now)));
         match victim.and_then(|id| self.open.remove(&id)) {
             Some(c) => {
                 c.close.notify_one();
@@ -231,10 +256,19 @@ impl Drop for Registered {
 
 /// Answers a connection past the limit when every open one is busy, and closes it.
 async fn refuse(mut stream: TcpStream) {
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let msg = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n\
                 content-length: 21\r\nconnection: close\r\n\r\ntoo many connections\n";
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(msg)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(msg).await?;
+        stream.shutdown().await?;
+        // Read what the client sent before closing: closing with unread bytes sends a reset,
+        // which can destroy the answer before the client reads it.
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, io::Error>(())
+    })
+    .await;
 }
 
 async fn serve_connection(
@@ -313,7 +347,14 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     let listener = socket.listen(4096).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
 
-    let app = Arc::new(App { store: OnceLock::new(), settings: settings.clone() });
+    // Fault injection needs a test build *and* an explicit opt-in, so that a release build
+    // made with dev-dependency features never exposes it by accident.
+    let faults = larder_engine::faults::available().then(|| std::env::var("LARDER_FAULTS").ok()).flatten();
+    if let Some(mode) = &faults {
+        tracing::warn!(mode, "fault injection is on (/_larder/faults): for tests only");
+    }
+    let track = faults.as_deref() == Some("track");
+    let app = Arc::new(App { store: OnceLock::new(), settings: settings.clone(), faults: faults.is_some() });
     // Recovery runs while the socket already answers (503 until ready).
     let (ready_tx, mut ready_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
     {
@@ -331,7 +372,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                 ..StoreConfig::new(&s.data_dir)
             };
             // Test builds only: log writes from the start, for a simulated power cut.
-            if larder_engine::faults::available() && std::env::var_os("LARDER_FAULTS_TRACK").is_some() {
+            if track {
                 if let Err(e) =
                     std::fs::create_dir_all(&s.data_dir).and_then(|_| larder_engine::faults::track(&s.data_dir))
                 {
@@ -347,6 +388,14 @@ pub async fn run(settings: Settings) -> Result<(), String> {
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let conns = Arc::new(Mutex::new(Conns::default()));
+    let clock = tokio::spawn(async {
+        let start = Instant::now();
+        let mut tick = tokio::time::interval(COARSE_TICK);
+        loop {
+            tick.tick().await;
+            COARSE_MS.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        }
+    });
     let mut connections = tokio::task::JoinSet::new();
     tokio::pin!(signal);
     let mut waiting_ready = true;
@@ -360,10 +409,11 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                         connections.spawn(refuse(stream));
                         continue;
                     }
-                    let (activity, close) = (Arc::new(Activity::default()), Arc::new(Notify::new()));
+                    let activity = Arc::new(Activity { moved_at: AtomicU64::new(coarse_ms()), ..Activity::default() });
+                    let close = Arc::new(Notify::new());
                     let id = c.next_id;
                     c.next_id += 1;
-                    c.open.insert(id, Conn { activity: activity.clone(), opened: Instant::now(), close: close.clone() });
+                    c.open.insert(id, Conn { activity: activity.clone(), close: close.clone() });
                     drop(c);
                     let registered = Registered { conns: conns.clone(), id };
                     connections.spawn(serve_connection(
@@ -394,6 +444,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         }
     }
     drop(listener);
+    clock.abort();
     let _ = shutdown_tx.send(true);
     let drained =
         tokio::time::timeout(Duration::from_secs(30), async { while connections.join_next().await.is_some() {} }).await;

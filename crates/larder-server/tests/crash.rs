@@ -185,7 +185,7 @@ fn sigkill_torture() {
     let mut written = 0u64;
     while started.elapsed() < Duration::from_secs(secs) || cycles < 3 {
         let policy = policies[cycles as usize % policies.len()];
-        let kill_after = Duration::from_millis(20 + rng.below(600));
+        let kill_after = Duration::from_millis(200 + rng.below(600));
         let (a, b) = load_until(&mut s, &model, seed.wrapping_add(cycles), kill_after, Server::kill);
         assert!(a > 0, "cycle {cycles}: the kill came before any write was acknowledged");
         acks += a;
@@ -234,7 +234,7 @@ fn found_version(c: &mut Client, key: &str) -> u64 {
 }
 
 /// Simulated power cuts through the real binary, under concurrent PUTs and DELETEs: the
-/// server logs every write from the start (`LARDER_FAULTS_TRACK`, test builds only), and at a
+/// server logs every write from the start (`LARDER_FAULTS=track`, test builds only), and at a
 /// random moment `power-cut` puts every file back to what its last fdatasync made durable
 /// and fails all I/O after it; then SIGKILL and restart. Unlike SIGKILL alone, this tells
 /// fsync from no fsync.
@@ -242,7 +242,7 @@ fn found_version(c: &mut Client, key: &str) -> u64 {
 /// fsync-every-second promise).
 fn power_cuts(fsync: &'static str, cycles: u64) -> (usize, usize, usize) {
     let tmp = tempfile::tempdir().unwrap();
-    let env = [("LARDER_FAULTS_TRACK", "1")];
+    let env = [("LARDER_FAULTS", "track")];
     // Volumes large enough that a cycle seals none: sealing syncs (before its hint file is
     // written), which would hide what the fsync policy alone does.
     let args = ["--fsync", fsync, "--volume-size", "64MiB", "--volume-count", "8"];
@@ -253,7 +253,7 @@ fn power_cuts(fsync: &'static str, cycles: u64) -> (usize, usize, usize) {
     for cycle in 0..cycles {
         let mut cut_at = Instant::now();
         // With fsync every second, run long enough that some writes fall under the promise.
-        let base = if fsync == "always" { 300 } else { 3000 };
+        let base = if fsync == "always" { 300 } else { 4000 };
         let kill_after = Duration::from_millis(base + rng.below(1500));
         let (acks, _) = load_until(&mut s, &model, cycle + 1, kill_after, |s| {
             let r = s.client().request("POST", "/_larder/faults", &[], b"power-cut");
@@ -266,8 +266,9 @@ fn power_cuts(fsync: &'static str, cycles: u64) -> (usize, usize, usize) {
         s.restart();
         println!("cycle {cycle}: recovery {}", s.stats()["recovery"]);
         let mut c = s.client();
-        // With fsync every second, what was acknowledged this long before the cut is durable.
-        let promised = cut_at.checked_sub(Duration::from_secs(2)).unwrap_or(cut_at);
+        // With fsync every second, what was acknowledged this long before the cut is durable
+        // (the margin is for a loaded machine).
+        let promised = cut_at.checked_sub(Duration::from_secs(3)).unwrap_or(cut_at);
         for (k, st) in model.iter().enumerate() {
             let mut st = st.lock().unwrap();
             let key = format!("crash/{k}");
@@ -284,7 +285,7 @@ fn power_cuts(fsync: &'static str, cycles: u64) -> (usize, usize, usize) {
                     st.statuses
                 ),
                 _ => {
-                    // No older than the last write acknowledged 2 s before the cut.
+                    // No older than the last write acknowledged 3 s before the cut.
                     let floor = st.history.iter().rev().find(|(at, _)| *at <= promised).map(|(_, op)| op.version);
                     // A 404 stands for the latest DELETE issued this cycle, if any.
                     let deleted = st.history.iter().map(|(_, op)| *op).chain(st.inflight).filter(|op| op.delete);
@@ -293,7 +294,7 @@ fn power_cuts(fsync: &'static str, cycles: u64) -> (usize, usize, usize) {
                         promised_checks += 1;
                         assert!(
                             version >= floor,
-                            "{key}: lost a write acknowledged over 2 s before the cut: found {got}, floor version {floor}"
+                            "{key}: lost a write acknowledged over 3 s before the cut: found {got}, floor version {floor}"
                         );
                     }
                 }
@@ -323,7 +324,7 @@ fn power_cut_with_fsync_every_second_loses_at_most_the_last_seconds() {
     let (checks, lost, promised) = power_cuts("1s", 3);
     println!(
         "fsync 1s: {checks} key checks after 3 power cuts, {promised} of them against a write \
-         acknowledged over 2 s before the cut; {lost} keys lost their latest writes"
+         acknowledged over 3 s before the cut; {lost} keys lost their latest writes"
     );
     assert!(promised > 100, "only {promised} keys had writes old enough to check");
     assert!(lost > 0, "a power cut lost nothing without fsync: the simulation is not cutting");

@@ -176,7 +176,8 @@ fn past_the_limit_never_used_connections_go_first_then_idle_ones_then_refuse() {
     }
     std::thread::sleep(Duration::from_millis(100));
     let never = idle_crowd(&s, 10);
-    std::thread::sleep(Duration::from_millis(200));
+    // Only connections quiet for a second are closed for a newcomer.
+    std::thread::sleep(Duration::from_millis(1300));
     // The limit is reached: each new client is served, and a never-used one makes room.
     let mut newcomers = Vec::new();
     for i in 0..5 {
@@ -189,6 +190,7 @@ fn past_the_limit_never_used_connections_go_first_then_idle_ones_then_refuse() {
     assert_eq!((closed_never, closed_used), (5, 0), "never-used connections are closed first");
     // Connections busy with a request (headers begun) are never closed to make room; with
     // every one busy, a new client gets a 503.
+    std::thread::sleep(Duration::from_millis(1300)); // the newcomers are quiet now too
     let mut busy = Vec::new();
     for _ in 0..30 {
         let mut c = connect(&s);
@@ -201,4 +203,18 @@ fn past_the_limit_never_used_connections_go_first_then_idle_ones_then_refuse() {
     let (answer, closed) = read_all(&mut late, Duration::from_secs(5));
     assert!(closed, "{answer}");
     assert!(answer.starts_with("HTTP/1.1 503") && answer.contains("too many connections"), "{answer:?}");
+    // The 15 quiet ones made room for 15 busy ones, and no busy one was closed for another;
+    // the other busy ones were refused.
+    let mut refused = 0;
+    for c in &mut busy {
+        let (answer, closed) = read_all(c, Duration::from_millis(100));
+        if closed {
+            assert!(answer.starts_with("HTTP/1.1 503"), "a busy connection was closed: {answer:?}");
+            refused += 1;
+        } else {
+            assert!(answer.is_empty(), "{answer:?}");
+        }
+    }
+    assert_eq!(refused, 10, "busy connections refused");
+    assert!(newcomers.len() == 5 && used.len() == 10);
 }

@@ -130,6 +130,11 @@ fn wait_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus 
 
 fn spawn(dir: &Path, args: &[String], envs: &[(String, String)]) -> (Child, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_larder"))
+        // Nothing from the caller's environment changes what a test sees; fault injection
+        // (/_larder/faults) is on, as test builds have it.
+        .env_remove("LARDER_AUTH_TOKEN")
+        .env_remove("RUST_LOG")
+        .env("LARDER_FAULTS", "1")
         .envs(envs.iter().map(|(k, v)| (k, v)))
         .arg("serve")
         .arg("--listen")
