@@ -130,21 +130,7 @@ fn verify(s: &Server, model: &[Mutex<KeyState>], label: &str) -> usize {
     for (k, st) in model.iter().enumerate() {
         let mut st = st.lock().unwrap();
         let key = format!("crash/{k}");
-        let r = c.get(&format!("/{key}"));
-        let got = match r.status {
-            404 => 0,
-            200 => {
-                let text = String::from_utf8_lossy(&r.body[..r.body.len().min(40)]).to_string();
-                let version: u64 = text
-                    .split('#')
-                    .nth(1)
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or_else(|| panic!("{key}: foreign bytes {text:?}"));
-                assert_eq!(r.body, value(&key, version), "{key}: bytes differ from version {version}");
-                version
-            }
-            other => panic!("{key}: GET answered {other}"),
-        };
+        let got = found_version(&mut c, &key);
         let acked = st.acked.visible();
         let inflight = st.inflight.map(Op::visible);
         assert!(
