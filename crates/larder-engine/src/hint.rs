@@ -1,9 +1,11 @@
 //! Hint files: a sealed volume's records in index form, so recovery need not read the volume.
 //!
 //! Written by a background thread after a volume is sealed (temporary name, fsync, rename,
-//! directory fsync). A hint names the slot, generation and sequence it describes and the data
-//! length it covers, and ends with a CRC32C of everything before it; recovery uses it only if
-//! all of these match the volume, and scans the volume otherwise.
+//! directory fsync), and for the active volume when the store closes (a *checkpoint*). A hint
+//! names the slot, generation and sequence it describes and the data length it covers, and
+//! ends with a CRC32C of everything before it; recovery uses it only if all of these match the
+//! volume and the volume is at least that long (records appended after a checkpoint are
+//! scanned), and scans the whole volume otherwise.
 
 use crate::volume::VolumeHeader;
 
@@ -74,49 +76,101 @@ pub fn encode(vh: &VolumeHeader, data_len: u64, entries: &[HintEntry]) -> Vec<u8
 
 /// Decodes a hint and checks it describes exactly `vh` with `data_len` bytes; `None` otherwise.
 pub fn decode(b: &[u8], vh: &VolumeHeader, data_len: u64) -> Option<Vec<HintEntry>> {
-    if b.len() < HEADER_LEN + 4 || &b[0..8] != MAGIC {
-        return None;
-    }
-    let (body, crc) = b.split_at(b.len() - 4);
-    if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().unwrap()) {
-        return None;
-    }
-    let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap());
-    let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
-    if u32_at(8) != HINT_VERSION
-        || u32_at(12) != vh.slot
-        || u32_at(16) != vh.generation
-        || u64_at(24) != vh.sequence
-        || u64_at(32) != data_len
-    {
-        return None;
-    }
-    let count = u64_at(40) as usize;
-    let mut entries = Vec::with_capacity(count.min(body.len() / ENTRY_LEN));
-    let mut at = HEADER_LEN;
-    for _ in 0..count {
-        if at + ENTRY_LEN > body.len() {
+    let hint = Hint::open(b, vh, data_len).filter(|h| h.data_len == data_len)?;
+    let mut entries = Vec::with_capacity(hint.count as usize);
+    hint.for_each(|e| entries.push(e));
+    Some(entries)
+}
+
+/// A hint whose checksum, identity and structure have been verified, read without building
+/// a list of its entries (a hint of millions of records is streamed into the index).
+pub struct Hint<'a> {
+    body: &'a [u8],
+    count: u64,
+    /// Bytes of the volume it covers: all of a sealed volume, or the part of the active
+    /// volume written before a graceful stop (a checkpoint); records after it are scanned.
+    pub data_len: u64,
+}
+
+impl<'a> Hint<'a> {
+    /// Verifies `b` as a hint of the volume `vh` covering at most `file_len` bytes of it.
+    /// A volume only grows by appends while its generation lasts, so a hint of a shorter
+    /// length still describes the records it names.
+    pub fn open(b: &'a [u8], vh: &VolumeHeader, file_len: u64) -> Option<Hint<'a>> {
+        if b.len() < HEADER_LEN + 4 || &b[0..8] != MAGIC {
             return None;
         }
-        let hash = u64_at(at);
-        let offset = u32_at(at + 8) as u64 * 8;
-        let len = u32_at(at + 12);
-        let tail = u64_at(at + 16);
-        at += ENTRY_LEN;
-        if tail & DROP_BIT == 0 {
-            entries.push(HintEntry::Put { hash, offset, len, expiry_ms: tail });
-        } else {
-            if at + 2 > body.len() {
-                return None;
-            }
-            let klen = u16::from_le_bytes([body[at], body[at + 1]]) as usize;
-            at += 2;
-            let key = body.get(at..at + klen)?.to_vec();
-            at += klen;
-            entries.push(HintEntry::Drop { hash, offset, len, key });
+        let (body, crc) = b.split_at(b.len() - 4);
+        if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().unwrap()) {
+            return None;
         }
+        let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
+        let data_len = u64_at(32);
+        if u32_at(8) != HINT_VERSION
+            || u32_at(12) != vh.slot
+            || u32_at(16) != vh.generation
+            || u64_at(24) != vh.sequence
+            || data_len > file_len
+        {
+            return None;
+        }
+        let hint = Hint { body, count: u64_at(40), data_len };
+        // Walk the entries once before any is used, so that a hint is applied whole or not at all.
+        let mut at = HEADER_LEN;
+        for _ in 0..hint.count {
+            at = hint.entry_end(at)?;
+        }
+        (at == body.len()).then_some(hint)
     }
-    (at == body.len()).then_some(entries)
+
+    /// Entries in the hint.
+    pub fn len(&self) -> u64 {
+        self.count
+    }
+
+    /// Whether the hint names no record.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Where the entry starting at `at` ends, if it fits.
+    fn entry_end(&self, at: usize) -> Option<usize> {
+        let b = self.body;
+        let fixed = at.checked_add(ENTRY_LEN).filter(|&e| e <= b.len())?;
+        if u64::from_le_bytes(b[at + 16..at + 24].try_into().unwrap()) & DROP_BIT == 0 {
+            return Some(fixed);
+        }
+        let klen = u16::from_le_bytes(b.get(fixed..fixed + 2)?.try_into().unwrap()) as usize;
+        Some(fixed + 2 + klen).filter(|&e| e <= b.len())
+    }
+
+    /// Calls `f` with each entry, in volume order.
+    pub fn for_each(&self, f: impl FnMut(HintEntry)) {
+        self.iter().for_each(f)
+    }
+
+    /// The entries, in volume order.
+    pub fn iter(&self) -> impl Iterator<Item = HintEntry> + '_ {
+        let b = self.body;
+        let u32_at = move |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let u64_at = move |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        let mut at = HEADER_LEN;
+        (0..self.count).map(move |_| {
+            let hash = u64_at(at);
+            let offset = u32_at(at + 8) as u64 * 8;
+            let len = u32_at(at + 12);
+            let tail = u64_at(at + 16);
+            let end = self.entry_end(at).expect("verified by open");
+            let e = if tail & DROP_BIT == 0 {
+                HintEntry::Put { hash, offset, len, expiry_ms: tail }
+            } else {
+                HintEntry::Drop { hash, offset, len, key: b[at + ENTRY_LEN + 2..end].to_vec() }
+            };
+            at = end;
+            e
+        })
+    }
 }
 
 #[cfg(test)]
@@ -134,6 +188,9 @@ mod tests {
         let b = encode(&vh, 5000, &entries);
         assert_eq!(decode(&b, &vh, 5000), Some(entries));
         assert_eq!(decode(&b, &vh, 5008), None);
+        // As a checkpoint, it covers the first 5000 bytes of a longer volume, never a shorter one.
+        assert_eq!(Hint::open(&b, &vh, 5008).map(|h| (h.data_len, h.len())), Some((5000, 3)));
+        assert!(Hint::open(&b, &vh, 4992).is_none());
         assert_eq!(decode(&b, &VolumeHeader { generation: 6, ..vh }, 5000), None);
         let mut d = b.clone();
         d[60] ^= 1;

@@ -13,6 +13,7 @@
 //! assert!(store.get(b"greeting").unwrap().is_none());
 //! ```
 
+pub mod check;
 mod error;
 pub mod faults;
 mod flight;
@@ -31,4 +32,5 @@ pub mod volume;
 pub use error::{Error, ErrorKind, Result};
 pub use memory::{Eviction, MemoryConfig};
 pub use ops::{unmet, ByteRange, Part, Precondition, PutOptions, Version};
+pub use recovery::{RecoveryProgress, RecoveryReport};
 pub use store::{now_ms, FsyncPolicy, Position, Stats, Store, StoreConfig, Stored, Tier, Value, MIN_VOLUME_SIZE};

@@ -16,7 +16,7 @@ use crate::volume::{hint_path, slot_of_file_name, volume_path, VolumeHeader, VOL
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 const CHUNK: usize = 4 << 20;
 
@@ -195,8 +195,12 @@ pub struct RecoveryReport {
     pub discarded: u64,
     /// Sealed volumes loaded from hint files.
     pub hint_loads: u64,
-    /// Volumes scanned record by record.
+    /// Active volumes loaded from the checkpoint a graceful stop wrote (then 0 scans).
+    pub checkpoint_loads: u64,
+    /// Volumes scanned record by record from their start.
     pub scans: u64,
+    /// Bytes scanned after a hint or checkpoint: records appended after a graceful restart.
+    pub tail_bytes_scanned: u64,
     /// Records replayed (from scans and hints).
     pub records: u64,
     /// Damaged records or stretches skipped.
@@ -205,6 +209,22 @@ pub struct RecoveryReport {
     pub truncated_bytes: u64,
     /// Wall time of the recovery in milliseconds.
     pub millis: u64,
+}
+
+/// How far a recovery in progress has come, updated as it goes (every 65,536 records), so
+/// that a server can report progress and an estimate of the time left while it opens.
+#[derive(Debug, Default)]
+pub struct RecoveryProgress {
+    /// Volumes to replay.
+    pub volumes_total: AtomicU64,
+    /// Volumes replayed.
+    pub volumes_done: AtomicU64,
+    /// Bytes to read: hint files where they exist, volume files otherwise.
+    pub bytes_total: AtomicU64,
+    /// Of those, bytes read.
+    pub bytes_done: AtomicU64,
+    /// Records replayed so far.
+    pub records: AtomicU64,
 }
 
 /// Where the writer continues after recovery.
@@ -264,7 +284,7 @@ enum Found {
 ///
 /// A volume that must be discarded takes every older volume with it: otherwise an older value
 /// of one of its keys (or a value its tombstone deleted) would come back.
-pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
+pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgress) -> Result<Recovered> {
     let started = std::time::Instant::now();
     let count = sh.slots.len();
     let mut report = RecoveryReport::default();
@@ -367,8 +387,23 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
     found.sort_by_key(|h| h.sequence);
     report.volumes = found.len() as u64;
 
+    // The work ahead, for progress reports: a hint's bytes where one exists, else the volume's.
+    let mut hints: Vec<Option<Vec<u8>>> = Vec::with_capacity(found.len());
+    for vh in &found {
+        let bytes = if hints_trusted { std::fs::read(hint_path(&sh.dir, vh.slot as usize)).ok() } else { None };
+        hints.push(bytes);
+    }
+    let cost = |i: usize| {
+        let len = sh.slots[found[i].slot as usize].file.get().and_then(|f| f.metadata().ok()).map_or(0, |m| m.len());
+        hints[i].as_ref().map_or(len, |h| h.len() as u64)
+    };
+    let total: u64 = (0..found.len()).map(cost).sum();
+    progress.volumes_total.store(found.len() as u64, Ordering::Relaxed);
+    progress.bytes_total.store(total, Ordering::Relaxed);
+
     let mut unhinted = Vec::new();
     let mut active = None;
+    let mut done_bytes = 0u64;
     for (i, vh) in found.iter().enumerate() {
         let slot = vh.slot as usize;
         let is_active = i + 1 == found.len();
@@ -378,29 +413,54 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
         s.sequence.store(vh.sequence, Ordering::Relaxed);
         let file = s.file.get().expect("opened above");
         let file_len = file.metadata().map_err(|e| Error::io("reading a volume's length", e))?.len();
-        if !is_active && hints_trusted {
-            if let Ok(bytes) = std::fs::read(hint_path(&sh.dir, slot)) {
-                if let Some(entries) = hint::decode(&bytes, vh, file_len) {
-                    for e in entries {
-                        report.records += 1;
+        // A hint covers the whole volume (sealed) or what was written before a graceful stop
+        // (the active volume's checkpoint); only the records after it are scanned.
+        let mut scan_from = VOLUME_HEADER_LEN;
+        if let Some(bytes) = &hints[i] {
+            match hint::Hint::open(bytes, vh, file_len) {
+                Some(h) => {
+                    let mut n = 0u64;
+                    h.for_each(|e| {
                         apply_hint(sh, slot, vh.generation, e);
+                        n += 1;
+                        if n.is_multiple_of(1 << 16) {
+                            progress.records.fetch_add(1 << 16, Ordering::Relaxed);
+                        }
+                    });
+                    progress.records.fetch_add(n % (1 << 16), Ordering::Relaxed);
+                    report.records += n;
+                    scan_from = h.data_len.max(VOLUME_HEADER_LEN);
+                    match (is_active, scan_from == file_len) {
+                        (true, _) => report.checkpoint_loads += 1,
+                        (false, true) => report.hint_loads += 1,
+                        (false, false) => {} // sealed after its checkpoint: scanned below
                     }
-                    report.hint_loads += 1;
-                    s.len.store(file_len, Ordering::Relaxed);
-                    continue;
                 }
-                tracing::warn!(slot, "hint file does not match its volume; scanning the volume");
+                None => tracing::warn!(slot, "hint file does not match its volume; scanning the volume"),
             }
         }
-        report.scans += 1;
+        done_bytes += cost(i);
+        if scan_from == file_len && !is_active {
+            s.len.store(file_len, Ordering::Relaxed);
+            progress.volumes_done.fetch_add(1, Ordering::Relaxed);
+            progress.bytes_done.store(done_bytes, Ordering::Relaxed);
+            continue;
+        }
+        if scan_from == VOLUME_HEADER_LEN {
+            report.scans += 1;
+        } else {
+            report.tail_bytes_scanned += file_len - scan_from;
+        }
         let now = crate::store::now_ms();
         let range = ScanRange {
-            start: VOLUME_HEADER_LEN,
+            start: scan_from,
             end: file_len,
             generation: vh.generation,
             salt: vh.salt,
             torn_tail_possible: is_active,
         };
+        let scan_base = done_bytes - cost(i);
+        let mut seen = 0u64;
         let outcome = scan_volume(file, range, |ev| match ev {
             ScanEvent::Valid { offset, header, key } => {
                 let hash = sh.hash(key);
@@ -409,6 +469,11 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
                 } else {
                     sh.index.insert(hash, sh.loc(slot, vh.generation, offset, header.record_len()));
                 }
+                seen += 1;
+                if seen.is_multiple_of(1 << 16) {
+                    progress.records.fetch_add(1 << 16, Ordering::Relaxed);
+                    progress.bytes_done.store(scan_base + offset.min(cost(i)), Ordering::Relaxed);
+                }
             }
             ScanEvent::Damaged { offset, header, key } => {
                 tracing::warn!(slot, offset, record_len = header.record_len(), "damaged record skipped");
@@ -416,6 +481,9 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool) -> Result<Recovered> {
             }
         })
         .map_err(|e| Error::io("scanning a volume", e))?;
+        progress.records.fetch_add(seen % (1 << 16), Ordering::Relaxed);
+        progress.volumes_done.fetch_add(1, Ordering::Relaxed);
+        progress.bytes_done.store(done_bytes, Ordering::Relaxed);
         report.records += outcome.records;
         report.skipped += outcome.skipped;
         let mut len = file_len;

@@ -17,7 +17,7 @@ use crate::memory::{Cached, Memory, MemoryConfig};
 use crate::meta::{self, Meta};
 use crate::ops::{Part, Precondition, PutOptions, Version};
 use crate::record::{self, Header, FLAG_TOMBSTONE, HEADER_LEN, MAX_KEY_LEN};
-use crate::recovery::{self, RecoveryReport};
+use crate::recovery::{self, RecoveryProgress, RecoveryReport};
 use crate::volume::{hint_path, volume_path, VolumeHeader, VOLUME_HEADER_LEN};
 use crate::{hint, io, manifest::Manifest, Error, ErrorKind, Result};
 use bytes::Bytes;
@@ -231,8 +231,10 @@ pub struct Stats {
     pub reinsert_in_memory: u64,
     /// Reads whose record failed its checksum (answered as misses).
     pub corrupt_reads: u64,
-    /// Times the ring moved to the next slot.
+    /// Times the ring moved to the next slot (sealing the volume it left).
     pub rotations: u64,
+    /// Volumes whose data the ring overwrote (a slot holding records started afresh).
+    pub volumes_evicted: u64,
     /// Index entries removed because the ring reused their volume.
     pub evicted_entries: u64,
     /// Hint files written.
@@ -263,6 +265,7 @@ struct Counters {
     reinsert_in_memory: AtomicU64,
     corrupt_reads: AtomicU64,
     rotations: AtomicU64,
+    volumes_evicted: AtomicU64,
     evicted_entries: AtomicU64,
     hints_written: AtomicU64,
     write_failures: AtomicU64,
@@ -443,6 +446,9 @@ impl Shared {
     fn start_volume(&self, slot: usize, sequence: u64) -> Result<()> {
         let s = &self.slots[slot];
         let generation = s.generation.load(Ordering::Relaxed).wrapping_add(1).max(1);
+        if s.len.load(Ordering::Relaxed) > VOLUME_HEADER_LEN {
+            self.counters.volumes_evicted.fetch_add(1, Ordering::Relaxed);
+        }
         let mut salt = [0u8; 4];
         getrandom::fill(&mut salt).map_err(|e| Error::new(ErrorKind::Io, format!("no randomness for a salt: {e}")))?;
         let salt = u32::from_le_bytes(salt);
@@ -644,7 +650,11 @@ impl Shared {
         let mut result = Ok(());
         for &slot in &slots {
             if let Some(f) = self.slots[slot].file.get() {
-                if let Err(e) = io::sync_data(f) {
+                let started = std::time::Instant::now();
+                let r = io::sync_data(f);
+                // A no-op unless the embedding program installed a `metrics` recorder.
+                metrics::histogram!("larder_fsync_duration_seconds").record(started.elapsed().as_secs_f64());
+                if let Err(e) = r {
                     result = Err(e);
                 }
             }
@@ -1109,7 +1119,12 @@ fn check_key(key: &[u8]) -> Result<()> {
 
 impl Store {
     /// Opens (or creates) the store in `cfg.dir` and recovers its index.
-    pub fn open(mut cfg: StoreConfig) -> Result<Store> {
+    pub fn open(cfg: StoreConfig) -> Result<Store> {
+        Store::open_observed(cfg, &RecoveryProgress::default())
+    }
+
+    /// As [`Store::open`], reporting the recovery's progress in `progress` as it goes.
+    pub fn open_observed(mut cfg: StoreConfig, progress: &RecoveryProgress) -> Result<Store> {
         if cfg.volume_count == 0 || cfg.volume_count as usize > MAX_SLOTS {
             let c = cfg.volume_count.clamp(1, MAX_SLOTS as u32);
             tracing::warn!(asked = cfg.volume_count, using = c, "volume count out of range");
@@ -1199,7 +1214,7 @@ impl Store {
             cfg,
             _lock: lock,
         };
-        let rec = recovery::recover(&shared, hints_trusted)?;
+        let rec = recovery::recover(&shared, hints_trusted, progress)?;
         shared.recovery = rec.report;
         let (active, next_sequence) = match rec.active {
             Some(a) => (a, rec.next_sequence),
@@ -1643,13 +1658,15 @@ impl Store {
             sync_failures: c.sync_failures.load(Ordering::Relaxed),
             read_failures: c.read_failures.load(Ordering::Relaxed),
             rotations: c.rotations.load(Ordering::Relaxed),
+            volumes_evicted: c.volumes_evicted.load(Ordering::Relaxed),
             evicted_entries: c.evicted_entries.load(Ordering::Relaxed),
             hints_written: c.hints_written.load(Ordering::Relaxed),
             recovery: sh.recovery,
         }
     }
 
-    /// Stops the background threads and makes all data durable. Called by `Drop` too.
+    /// Stops the background threads, makes all data durable and writes the checkpoint of the
+    /// active volume. Called by `Drop` too.
     pub fn close(&self) -> Result<()> {
         let threads = std::mem::take(&mut *self.threads.lock());
         if threads.is_empty() {
@@ -1663,8 +1680,19 @@ impl Store {
         }
         self.sync()?;
         let sh = &*self.shared;
+        let (active, offset) = {
+            let w = sh.writer.lock();
+            (w.active, w.offset)
+        };
+        // The checkpoint: a hint of the active volume as it is now, so that the next open
+        // loads it instead of scanning the volume (it scans only what is appended after).
+        let s = &sh.slots[active];
+        let (generation, sequence) = (s.generation.load(Ordering::Acquire), s.sequence.load(Ordering::Relaxed));
+        if let Err(e) = sh.write_hint(active, generation, sequence, offset, None) {
+            tracing::warn!(slot = active, error = %e, "could not write the checkpoint; the next start scans the volume");
+        }
         let mut m = sh.manifest.lock();
-        m.active_slot = sh.writer.lock().active as u32;
+        m.active_slot = active as u32;
         m.save(&sh.dir).map_err(|e| Error::io("writing the manifest", e))
     }
 }

@@ -37,22 +37,26 @@ fn check(store: &Store, n: u64) {
 fn reopen_from_hints_from_scans_and_from_damaged_hints_agree() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), 128 << 10, 16);
-    {
+    let active = {
         let store = Store::open(cfg.clone()).unwrap();
         fill(&store, 600);
         assert!(store.stats().rotations >= 3);
-    }
+        store.stats().active_volume as usize
+    };
+    let checkpoint = dir.path().join(format!("vol-{active:05}.hint"));
+    assert!(checkpoint.exists(), "closing writes the active volume's checkpoint");
     let hints: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "hint"))
+        .filter(|p| p.extension().is_some_and(|x| x == "hint") && *p != checkpoint)
         .collect();
     assert!(hints.len() >= 3, "sealed volumes have hints");
     {
         let store = Store::open(cfg.clone()).unwrap();
-        assert_eq!(store.stats().recovery.hint_loads, hints.len() as u64);
-        assert_eq!(store.stats().recovery.scans, 1, "only the active volume is scanned");
+        let r = store.stats().recovery;
+        assert_eq!(r.hint_loads, hints.len() as u64);
+        assert_eq!((r.checkpoint_loads, r.scans), (1, 0), "the active volume loads from its checkpoint");
         check(&store, 600);
     }
     // A damaged hint is ignored and its volume scanned.
@@ -61,17 +65,68 @@ fn reopen_from_hints_from_scans_and_from_damaged_hints_agree() {
     std::fs::write(&hints[0], bytes).unwrap();
     {
         let store = Store::open(cfg.clone()).unwrap();
-        assert_eq!(store.stats().recovery.scans, 2);
+        assert_eq!(store.stats().recovery.scans, 1);
+        check(&store, 600);
+    }
+    // Without the checkpoint (as after a crash), the active volume is scanned.
+    std::fs::remove_file(&checkpoint).unwrap();
+    {
+        let store = Store::open(cfg.clone()).unwrap();
+        let r = store.stats().recovery;
+        assert_eq!((r.checkpoint_loads, r.scans), (0, 1));
         check(&store, 600);
     }
     // No hints at all, and no manifest (new seed): everything is rebuilt from the volumes.
-    for h in &hints {
-        let _ = std::fs::remove_file(h);
+    for h in std::fs::read_dir(dir.path()).unwrap().flatten() {
+        if h.path().extension().is_some_and(|x| x == "hint") {
+            std::fs::remove_file(h.path()).unwrap();
+        }
     }
     std::fs::remove_file(dir.path().join("MANIFEST")).unwrap();
     let store = Store::open(cfg).unwrap();
     assert_eq!(store.stats().recovery.hint_loads, 0);
+    assert_eq!(store.stats().recovery.checkpoint_loads, 0);
     check(&store, 600);
+}
+
+/// A crash after a graceful restart: the checkpoint still covers what was written before
+/// the restart, so recovery loads it and scans only the records appended since.
+#[test]
+fn a_checkpoint_covers_its_prefix_and_the_tail_after_it_is_scanned() {
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 1 << 20, 4);
+    {
+        let store = Store::open(cfg.clone()).unwrap();
+        fill(&store, 100);
+    }
+    {
+        let store = Store::open(cfg).unwrap();
+        assert_eq!(store.stats().recovery.checkpoint_loads, 1);
+        for i in 100..140 {
+            store.put(format!("key/{i}").as_bytes(), &value(i)).unwrap();
+        }
+        assert!(store.delete(b"key/1").unwrap());
+        // The files as a kill -9 would leave them: written, the checkpoint not rewritten.
+        for e in std::fs::read_dir(dir.path()).unwrap().flatten() {
+            if e.file_name() != "LOCK" {
+                std::fs::copy(e.path(), crashed.path().join(e.file_name())).unwrap();
+            }
+        }
+    }
+    let store = Store::open(config(crashed.path(), 1 << 20, 4)).unwrap();
+    let r = store.stats().recovery;
+    assert_eq!((r.checkpoint_loads, r.scans), (1, 0), "{r:?}");
+    assert!(r.tail_bytes_scanned > 0, "{r:?}");
+    assert!(store.get(b"key/1").unwrap().is_none(), "a delete after the checkpoint holds");
+    for i in 2..140u64 {
+        let got = store.get(format!("key/{i}").as_bytes()).unwrap();
+        if i < 100 && i % 5 == 0 {
+            assert!(got.is_none(), "deleted key/{i} is back");
+        } else {
+            assert_eq!(got.expect("present").data.as_ref(), value(i).as_slice(), "key/{i}");
+        }
+    }
 }
 
 #[test]

@@ -1,0 +1,329 @@
+//! Offline verification of a data directory (`larder check`): every record of every volume
+//! against its checksums, and every hint file against the volume it describes.
+//!
+//! It reads only and changes nothing, and holds the directory's lock meanwhile, so that no
+//! server appends (or recovers) under it. What it calls *corrupt* is what recovery would skip
+//! or discard as damage: records failing their checksums, unreadable stretches, bytes after
+//! the last valid record of a sealed volume, a damaged volume header or manifest. A torn tail
+//! of the active volume (a write cut short by a crash, never acknowledged) is reported but is
+//! not damage. Hint files that do not match their volume are reported too; recovery would
+//! scan those volumes instead, so they cost time, not data.
+
+use crate::hint::{Hint, HintEntry};
+use crate::manifest::Manifest;
+use crate::recovery::{scan_volume, ScanEvent, ScanRange};
+use crate::volume::{hint_path, slot_of_file_name, volume_path, VolumeHeader, VOLUME_HEADER_LEN};
+use crate::{io, Error, ErrorKind, Result};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One finding, located as precisely as the damage allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// The file it is in.
+    pub file: PathBuf,
+    /// Byte offset in that file, when known.
+    pub offset: Option<u64>,
+    /// What is wrong, in a few words.
+    pub what: String,
+}
+
+/// What a check found.
+#[derive(Debug, Default, Clone)]
+pub struct CheckReport {
+    /// Volume files checked.
+    pub volumes: u64,
+    /// Records whose checksums verified.
+    pub records: u64,
+    /// Bytes of volume files read.
+    pub bytes: u64,
+    /// Hint files (and checkpoints) compared entry by entry with their volumes.
+    pub hints_checked: u64,
+    /// Sealed volumes without a hint file (recovery scans them; normal after a crash).
+    pub unhinted: u64,
+    /// Damage: records failing their checksums and the like. Non-empty means exit non-zero.
+    pub corrupt: Vec<Finding>,
+    /// Hint files that do not describe their volume.
+    pub hint_mismatches: Vec<Finding>,
+    /// The torn tail of the active volume, if any (not damage).
+    pub torn_tail: Option<Finding>,
+    /// Oddities that are neither damage nor mismatches (files of other slots and the like).
+    pub notes: Vec<Finding>,
+}
+
+impl CheckReport {
+    /// Whether nothing was corrupt.
+    pub fn clean(&self) -> bool {
+        self.corrupt.is_empty()
+    }
+}
+
+/// How far a check has come: volume bytes to read and read.
+#[derive(Debug, Default)]
+pub struct CheckProgress {
+    /// Bytes of all volume files.
+    pub bytes_total: AtomicU64,
+    /// Of those, bytes checked.
+    pub bytes_done: AtomicU64,
+}
+
+fn finding(file: &Path, offset: Option<u64>, what: impl Into<String>) -> Finding {
+    Finding { file: file.to_path_buf(), offset, what: what.into() }
+}
+
+/// Checks the data directory `dir`. Fails only if the directory cannot be read or is in use;
+/// everything found in it is in the report.
+pub fn check_dir(dir: &Path, progress: &CheckProgress) -> Result<CheckReport> {
+    if !dir.is_dir() {
+        return Err(Error::new(ErrorKind::Invalid, format!("{} is not a directory", dir.display())));
+    }
+    let lock_path = dir.join("LOCK");
+    let _lock = match File::open(&lock_path) {
+        Ok(f) => {
+            if f.try_lock_shared().is_err() {
+                let msg = format!("{} is in use by a running server; stop it first", dir.display());
+                return Err(Error::new(ErrorKind::Locked, msg));
+            }
+            Some(f)
+        }
+        Err(_) => None,
+    };
+    let mut report = CheckReport::default();
+    let manifest_path = dir.join(crate::manifest::FILE_NAME);
+    let seed = match Manifest::load(dir).map_err(|e| Error::io("reading the manifest", e))? {
+        Some(Some(m)) => Some(m.hash_seed),
+        Some(None) => {
+            report.corrupt.push(finding(&manifest_path, None, "manifest fails its checksum"));
+            None
+        }
+        None => {
+            report.notes.push(finding(&manifest_path, None, "no manifest: hint files cannot be compared"));
+            None
+        }
+    };
+
+    // Every volume and hint file, by slot.
+    let mut volumes: Vec<(usize, File, u64, VolumeHeader)> = Vec::new();
+    let mut hints: Vec<usize> = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io("listing the data directory", e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(slot) = slot_of_file_name(&name) else { continue };
+        let path = entry.path();
+        if name.ends_with(".hint") {
+            hints.push(slot);
+            continue;
+        }
+        let file = File::open(&path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+        let len = file.metadata().map_err(|e| Error::io("reading a volume's length", e))?.len();
+        let mut hb = [0u8; VOLUME_HEADER_LEN as usize];
+        let n = io::read_at_most(&file, &mut hb, 0).map_err(|e| Error::io("reading a volume header", e))?;
+        match VolumeHeader::decode(&hb[..n]) {
+            Some(h) if h.slot as usize == slot => volumes.push((slot, file, len, h)),
+            Some(_) => report.notes.push(finding(&path, Some(0), "volume header names another slot")),
+            None if len < VOLUME_HEADER_LEN => {
+                report.notes.push(finding(&path, None, "empty volume (a slot not yet used, or reset)"))
+            }
+            None => report.corrupt.push(finding(&path, Some(0), "volume header fails its checksum")),
+        }
+    }
+    volumes.sort_by_key(|v| v.3.sequence);
+    hints.retain(|slot| !volumes.iter().any(|v| v.0 == *slot));
+    for slot in hints {
+        report.hint_mismatches.push(finding(&hint_path(dir, slot), None, "hint file without a volume"));
+    }
+    progress.bytes_total.store(volumes.iter().map(|v| v.2).sum(), Ordering::Relaxed);
+
+    let count = volumes.len();
+    for (i, (slot, file, len, vh)) in volumes.iter().enumerate() {
+        let is_active = i + 1 == count;
+        check_volume(dir, *slot, file, *len, vh, is_active, seed, &mut report, progress)
+            .map_err(|e| Error::io(format!("reading {}", volume_path(dir, *slot).display()), e))?;
+        report.volumes += 1;
+        report.bytes += len;
+        progress.bytes_done.fetch_add(*len, Ordering::Relaxed);
+    }
+    Ok(report)
+}
+
+/// One scanned record in hint form, for comparing with a hint file.
+fn as_hint(seed: u64, offset: u64, header: &crate::record::Header, key: &[u8], dropped: bool) -> HintEntry {
+    let hash = xxhash_rust::xxh3::xxh3_64_with_seed(key, seed);
+    let len = header.record_len() as u32;
+    if dropped {
+        HintEntry::Drop { hash, offset, len, key: key.to_vec() }
+    } else {
+        HintEntry::Put { hash, offset, len, expiry_ms: header.expiry_ms }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_volume(
+    dir: &Path,
+    slot: usize,
+    file: &File,
+    len: u64,
+    vh: &VolumeHeader,
+    is_active: bool,
+    seed: Option<u64>,
+    report: &mut CheckReport,
+    progress: &CheckProgress,
+) -> std::io::Result<()> {
+    let path = volume_path(dir, slot);
+    let hpath = hint_path(dir, slot);
+    let hint_bytes = std::fs::read(&hpath).ok();
+    let hint = match (&hint_bytes, seed) {
+        (Some(b), Some(_)) => {
+            let h = Hint::open(b, vh, len);
+            match &h {
+                None => report.hint_mismatches.push(finding(&hpath, None, "hint does not match its volume")),
+                Some(h) if !is_active && h.data_len != len => report.hint_mismatches.push(finding(
+                    &hpath,
+                    None,
+                    format!("hint covers {} of the sealed volume's {len} bytes", h.data_len),
+                )),
+                Some(_) => {}
+            }
+            h
+        }
+        (None, _) if !is_active => {
+            report.unhinted += 1;
+            None
+        }
+        _ => None,
+    };
+    let covered = hint.as_ref().map_or(0, |h| h.data_len);
+    let mut expected = hint.as_ref().map(|h| h.iter());
+    let mut hint_ok = true;
+    let mut compare = |offset: u64, got: HintEntry| {
+        let Some(it) = expected.as_mut().filter(|_| hint_ok && offset < covered) else { return };
+        if it.next().as_ref() != Some(&got) {
+            hint_ok = false;
+        }
+    };
+    let done_before = progress.bytes_done.load(Ordering::Relaxed);
+    let mut damaged = 0u64;
+    let range = ScanRange {
+        start: VOLUME_HEADER_LEN,
+        end: len,
+        generation: vh.generation,
+        salt: vh.salt,
+        torn_tail_possible: is_active,
+    };
+    let outcome = scan_volume(file, range, |ev| match ev {
+        ScanEvent::Valid { offset, header, key } => {
+            if let Some(seed) = seed {
+                compare(offset, as_hint(seed, offset, &header, key, header.is_tombstone()));
+            }
+            if offset % (64 << 20) < header.padded_len() {
+                progress.bytes_done.store(done_before + offset, Ordering::Relaxed);
+            }
+        }
+        ScanEvent::Damaged { offset, header, key } => {
+            damaged += 1;
+            let what = format!(
+                "record of key {:?} ({} bytes) fails its checksum",
+                String::from_utf8_lossy(key),
+                header.record_len()
+            );
+            report.corrupt.push(finding(&path, Some(offset), what));
+            if let Some(seed) = seed {
+                compare(offset, as_hint(seed, offset, &header, key, true));
+            }
+        }
+    })?;
+    progress.bytes_done.store(done_before, Ordering::Relaxed);
+    report.records += outcome.records;
+    if outcome.skipped > damaged {
+        let what = format!("{} damaged stretches skipped (record headers unreadable)", outcome.skipped - damaged);
+        report.corrupt.push(finding(&path, None, what));
+    }
+    if outcome.valid_end < len {
+        let what = format!("{} bytes after the last valid record", len - outcome.valid_end);
+        let f = finding(&path, Some(outcome.valid_end), what);
+        if is_active {
+            report.torn_tail = Some(f); // a write cut short: recovery truncates it
+        } else {
+            report.corrupt.push(f);
+        }
+    }
+    if let Some(h) = &hint {
+        report.hints_checked += 1;
+        // Entries the scan never reached (damage ended it early) are mismatches too.
+        let left = expected.map_or(0, |it| it.count());
+        if !hint_ok || left > 0 || covered > outcome.valid_end {
+            let what = format!("hint of {} entries differs from the records it covers", h.len());
+            report.hint_mismatches.push(finding(&hpath, None, what));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FsyncPolicy, Store, StoreConfig};
+    use std::os::unix::fs::FileExt;
+
+    fn filled(dir: &Path) {
+        let cfg =
+            StoreConfig { volume_size: 64 << 10, volume_count: 8, fsync: FsyncPolicy::Never, ..StoreConfig::new(dir) };
+        let store = Store::open(cfg).unwrap();
+        for i in 0..300u32 {
+            store.put(format!("k{i}").as_bytes(), &vec![i as u8; 500]).unwrap();
+        }
+        store.delete(b"k7").unwrap();
+        store.close().unwrap();
+    }
+
+    #[test]
+    fn a_clean_directory_checks_clean_and_hints_match() {
+        let dir = tempfile::tempdir().unwrap();
+        filled(dir.path());
+        let r = check_dir(dir.path(), &CheckProgress::default()).unwrap();
+        assert!(r.clean(), "{r:?}");
+        assert!(r.hint_mismatches.is_empty() && r.torn_tail.is_none(), "{r:?}");
+        assert_eq!(r.records, 301);
+        assert_eq!(r.hints_checked, r.volumes, "sealed hints and the checkpoint: {r:?}");
+    }
+
+    #[test]
+    fn a_flipped_value_byte_and_a_stale_hint_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        filled(dir.path());
+        let vol = volume_path(dir.path(), 0);
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&vol).unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, 2000).unwrap();
+        f.write_all_at(&[b[0] ^ 0x01], 2000).unwrap();
+        let r = check_dir(dir.path(), &CheckProgress::default()).unwrap();
+        assert_eq!(r.corrupt.len(), 1, "{r:?}");
+        assert_eq!(r.corrupt[0].file, vol);
+        assert!(r.corrupt[0].offset.unwrap() <= 2000);
+        // The hint still says Put where the record is now damaged.
+        assert_eq!(r.hint_mismatches.len(), 1, "{r:?}");
+    }
+
+    #[test]
+    fn a_torn_tail_of_the_active_volume_is_not_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        filled(dir.path());
+        let r = check_dir(dir.path(), &CheckProgress::default()).unwrap();
+        let active = r.volumes as usize - 1; // slots fill in order from 0, the ring has not turned
+        let vol = volume_path(dir.path(), active);
+        let f = std::fs::OpenOptions::new().append(true).open(&vol).unwrap();
+        std::io::Write::write_all(&mut &f, &[0x4c; 40]).unwrap();
+        let r = check_dir(dir.path(), &CheckProgress::default()).unwrap();
+        assert!(r.clean(), "{r:?}");
+        assert_eq!(r.torn_tail.as_ref().map(|t| t.file.clone()), Some(vol));
+    }
+
+    #[test]
+    fn a_directory_in_use_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let _store = Store::open(StoreConfig::new(dir.path())).unwrap();
+        let e = check_dir(dir.path(), &CheckProgress::default()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Locked);
+    }
+}
