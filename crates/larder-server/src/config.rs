@@ -150,6 +150,10 @@ pub struct ServeArgs {
     /// Refuse PUT and DELETE with 403; serve reads only.
     #[arg(long)]
     pub read_only: bool,
+    /// On SIGTERM/SIGINT, how long requests in flight may take to finish before their
+    /// connections are closed; the store is then synced and checkpointed [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub shutdown_timeout: Option<Duration>,
 }
 
 /// A size in the TOML file: an integer (bytes) or a string such as "1GiB".
@@ -220,6 +224,7 @@ struct FileConfig {
     auth_token: Option<PathBuf>,
     auth_reads: Option<bool>,
     read_only: Option<bool>,
+    shutdown_timeout: Option<DurationValue>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -272,6 +277,8 @@ pub struct Settings {
     pub auth_reads: bool,
     /// Whether PUT and DELETE are refused.
     pub read_only: bool,
+    /// Time in-flight requests get to finish on SIGTERM/SIGINT.
+    pub shutdown_timeout: Duration,
 }
 
 /// A secret bearer token; its `Debug` does not print it.
@@ -392,6 +399,7 @@ impl ServeArgs {
             )?,
             auth_reads: self.auth_reads || file.auth_reads.unwrap_or(false),
             read_only: self.read_only || file.read_only.unwrap_or(false),
+            shutdown_timeout: dur(self.shutdown_timeout, &file.shutdown_timeout, Duration::from_secs(30))?,
         })
     }
 }

@@ -3,6 +3,7 @@
 use crate::config::Settings;
 use crate::headers;
 use crate::key::{decode_key, RESERVED_PREFIX};
+use crate::metrics::Metrics;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -11,7 +12,9 @@ use hyper::header::{
     CONTENT_TYPE, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED, WWW_AUTHENTICATE,
 };
 use hyper::{Method, Request, Response, StatusCode};
+use larder_engine::RecoveryProgress;
 use larder_engine::{meta, now_ms, ErrorKind, Part, Precondition, PutOptions, Store, Tier, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -24,6 +27,21 @@ pub struct App {
     /// Whether `/_larder/faults` answers: a build with the engine's fault layer, started with
     /// `LARDER_FAULTS` set (tests only).
     pub faults: bool,
+    /// Request counters and histograms, rendered at `/_larder/metrics`.
+    pub metrics: Metrics,
+    /// How far the recovery has come while the store opens.
+    pub progress: RecoveryProgress,
+    /// When the recovery started, for its estimate of the time left.
+    pub started: Instant,
+    /// Set on SIGTERM/SIGINT: health answers 503 and every answer closes its connection.
+    pub shutting_down: AtomicBool,
+}
+
+impl App {
+    /// Whether the server is stopping.
+    pub fn stopping(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
 }
 
 type Resp = Response<Full<Bytes>>;
@@ -86,6 +104,11 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Resp, std::
     let uri = req.uri().clone();
     let resp = route(&app, req).await;
     let elapsed = started.elapsed();
+    if !uri.path().starts_with("/_larder/") {
+        let body =
+            if method == Method::HEAD { 0 } else { hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0) };
+        app.metrics.request(&method, resp.status().as_u16(), elapsed, body);
+    }
     let s = &app.settings;
     let slow = !s.slow_request.is_zero() && elapsed >= s.slow_request;
     if s.access_log || slow {
@@ -239,14 +262,26 @@ fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
     }
     match what {
         b"health" => match app.store.get() {
+            _ if app.stopping() => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
             Some(_) => text(StatusCode::OK, "ok\n"),
-            None => text(StatusCode::SERVICE_UNAVAILABLE, "recovering\n"),
+            None => text_owned(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("recovering: {}\n", crate::server::recovery_status(&app.progress, app.started.elapsed())),
+            ),
         },
+        b"metrics" => {
+            let stats = app.store.get().map(|s| s.stats());
+            let mut r = Response::new(Full::new(Bytes::from(app.metrics.render(stats.as_ref()))));
+            r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+            r
+        }
         b"stats" => {
             let Some(store) = app.store.get() else {
                 return text(StatusCode::SERVICE_UNAVAILABLE, "recovering\n");
             };
             let s = store.stats();
+            let (bytes_in, bytes_out) =
+                (app.metrics.bytes_in.load(Ordering::Relaxed), app.metrics.bytes_out.load(Ordering::Relaxed));
             let body = serde_json::json!({
                 "keys": s.keys,
                 "bytes_used": s.bytes_used,
@@ -261,7 +296,11 @@ fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
                 "misses": s.misses,
                 "hit_ratio": ratio(s.hits, s.hits + s.misses),
                 "memory_hits": s.memory_hits,
+                "disk_hits": s.hits.saturating_sub(s.memory_hits),
                 "memory_hit_ratio": ratio(s.memory_hits, s.hits + s.misses),
+                "disk_hit_ratio": ratio(s.hits.saturating_sub(s.memory_hits), s.hits + s.misses),
+                "bytes_in": bytes_in,
+                "bytes_out": bytes_out,
                 "disk_reads": s.disk_reads,
                 "coalesced_reads": s.coalesced_reads,
                 "promotions": s.promotions,
@@ -276,6 +315,7 @@ fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
                 "reinsert_skipped": s.reinsert_skipped,
                 "corrupt_reads": s.corrupt_reads,
                 "rotations": s.rotations,
+                "volumes_evicted": s.volumes_evicted,
                 "evicted_entries": s.evicted_entries,
                 "hints_written": s.hints_written,
                 "write_failures": s.write_failures,
@@ -285,7 +325,9 @@ fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
                     "volumes": s.recovery.volumes,
                     "discarded": s.recovery.discarded,
                     "hint_loads": s.recovery.hint_loads,
+                    "checkpoint_loads": s.recovery.checkpoint_loads,
                     "scans": s.recovery.scans,
+                    "tail_bytes_scanned": s.recovery.tail_bytes_scanned,
                     "records": s.recovery.records,
                     "skipped": s.recovery.skipped,
                     "truncated_bytes": s.recovery.truncated_bytes,
@@ -519,6 +561,7 @@ async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
         Err(BodyError::TooLarge) => return too_large(limit),
         Err(BodyError::Broken(e)) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
     };
+    app.metrics.bytes_in.fetch_add(body.len() as u64, Ordering::Relaxed);
     let store = app.store.get().expect("store is ready before writes are routed");
     let result = match store.try_put_with(&key, &body, &extra.options()) {
         Ok(Some(stored)) => Ok(stored),

@@ -2,17 +2,18 @@
 
 use crate::config::Settings;
 use crate::http::{handle, App};
+use crate::metrics::Metrics;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use larder_engine::{Store, StoreConfig};
+use larder_engine::{RecoveryProgress, Store, StoreConfig};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -208,12 +209,22 @@ impl Conn {
     }
     /// Between requests, quiet: the last one answered and nothing of the next one read.
     fn idle(&self, now: u64) -> bool {
-        let a = &self.activity;
-        a.started.load(Ordering::Relaxed) == a.answered.load(Ordering::Acquire)
-            && a.read.load(Ordering::Relaxed) == a.read_at_answer.load(Ordering::Relaxed)
-            && self.quiet(now)
+        self.activity.between_requests() && self.quiet(now)
     }
 }
+
+impl Activity {
+    /// The last request answered and nothing of the next one read.
+    fn between_requests(&self) -> bool {
+        self.started.load(Ordering::Relaxed) == self.answered.load(Ordering::Acquire)
+            && self.read.load(Ordering::Relaxed) == self.read_at_answer.load(Ordering::Relaxed)
+    }
+}
+
+/// While stopping, a connection between requests is closed once it has been quiet this long;
+/// a client that is still sending gets its next request answered (with `Connection: close`)
+/// instead of finding the connection closed under a request it just sent.
+const DRAIN_QUIET_MS: u64 = 250;
 
 impl Conns {
     /// Makes room for one more connection if there are `max` already: closes the
@@ -289,7 +300,11 @@ async fn serve_connection(
         seen.started.fetch_add(1, Ordering::Relaxed);
         let (app, seen) = (app.clone(), seen.clone());
         async move {
-            let resp = handle(app, req).await?;
+            let mut resp = handle(app.clone(), req).await?;
+            if app.stopping() {
+                // hyper closes the connection once this answer is written.
+                resp.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+            }
             Ok::<_, std::convert::Infallible>(resp.map(|inner| AnswerBody { inner, activity: seen }))
         }
     });
@@ -302,15 +317,21 @@ async fn serve_connection(
     tokio::pin!(conn);
     let mut tick = tokio::time::interval(watchdog.period());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut draining = false;
+    let mut drain_tick = tokio::time::interval(Duration::from_millis(50));
+    let (mut draining, mut closing) = (false, false);
     loop {
         tokio::select! {
             _ = conn.as_mut() => return,
-            _ = shutdown.changed(), if !draining => {
-                // Finish the request in flight, then close; the watchdog keeps running so a
-                // stalled client cannot hold the shutdown up past its timeouts.
-                draining = true;
-                conn.as_mut().graceful_shutdown();
+            // Requests in flight, and any that arrive meanwhile, are answered with
+            // `Connection: close`; the watchdog keeps running so a stalled client cannot hold
+            // the shutdown up past its timeouts.
+            _ = shutdown.changed(), if !draining => draining = true,
+            _ = drain_tick.tick(), if draining && !closing => {
+                let quiet = coarse_ms().saturating_sub(activity.moved_at.load(Ordering::Relaxed)) >= DRAIN_QUIET_MS;
+                if quiet && activity.between_requests() {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown(); // between requests: hyper closes at once
+                }
             }
             _ = tick.tick() => {
                 if watchdog.expired(&activity) {
@@ -354,7 +375,15 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         tracing::warn!(mode, "fault injection is on (/_larder/faults): for tests only");
     }
     let track = faults.as_deref() == Some("track");
-    let app = Arc::new(App { store: OnceLock::new(), settings: settings.clone(), faults: faults.is_some() });
+    let app = Arc::new(App {
+        store: OnceLock::new(),
+        settings: settings.clone(),
+        faults: faults.is_some(),
+        metrics: Metrics::install()?,
+        progress: RecoveryProgress::default(),
+        started: Instant::now(),
+        shutting_down: AtomicBool::new(false),
+    });
     // Recovery runs while the socket already answers (503 until ready).
     let (ready_tx, mut ready_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
     {
@@ -379,7 +408,8 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                     tracing::error!(error = %e, "cannot track the data directory for power cuts");
                 }
             }
-            let r = Store::open(cfg).map(|store| {
+            let r = Store::open_observed(cfg, &app.progress).map(|store| {
+                log_recovered(&store, app.started.elapsed());
                 let _ = app.store.set(store);
             });
             let _ = ready_tx.send(r.map_err(|e| format!("cannot open the store in {}: {e}", s.data_dir.display())));
@@ -396,35 +426,45 @@ pub async fn run(settings: Settings) -> Result<(), String> {
             COARSE_MS.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
         }
     });
+    let background = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut last_report = Instant::now();
+            loop {
+                tick.tick().await;
+                if app.store.get().is_none() && last_report.elapsed() >= RECOVERY_REPORT_EVERY {
+                    last_report = Instant::now();
+                    let status = recovery_status(&app.progress, app.started.elapsed());
+                    tracing::info!(target: "larder::lifecycle", "recovering: {status}");
+                }
+                app.metrics.upkeep();
+            }
+        })
+    };
     let mut connections = tokio::task::JoinSet::new();
+    let admit = |stream: TcpStream, connections: &mut tokio::task::JoinSet<()>| {
+        let mut c = conns.lock();
+        if !c.make_room(app.settings.max_connections) {
+            drop(c);
+            connections.spawn(refuse(stream));
+            return;
+        }
+        let activity = Arc::new(Activity { moved_at: AtomicU64::new(coarse_ms()), ..Activity::default() });
+        let close = Arc::new(Notify::new());
+        let id = c.next_id;
+        c.next_id += 1;
+        c.open.insert(id, Conn { activity: activity.clone(), close: close.clone() });
+        drop(c);
+        let registered = Registered { conns: conns.clone(), id };
+        connections.spawn(serve_connection(app.clone(), stream, shutdown_rx.clone(), activity, close, registered));
+    };
     tokio::pin!(signal);
     let mut waiting_ready = true;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let mut c = conns.lock();
-                    if !c.make_room(app.settings.max_connections) {
-                        drop(c);
-                        connections.spawn(refuse(stream));
-                        continue;
-                    }
-                    let activity = Arc::new(Activity { moved_at: AtomicU64::new(coarse_ms()), ..Activity::default() });
-                    let close = Arc::new(Notify::new());
-                    let id = c.next_id;
-                    c.next_id += 1;
-                    c.open.insert(id, Conn { activity: activity.clone(), close: close.clone() });
-                    drop(c);
-                    let registered = Registered { conns: conns.clone(), id };
-                    connections.spawn(serve_connection(
-                        app.clone(),
-                        stream,
-                        shutdown_rx.clone(),
-                        activity,
-                        close,
-                        registered,
-                    ));
-                }
+                Ok((stream, _)) => admit(stream, &mut connections),
                 Err(e) => {
                     // Out of descriptors and the like: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -443,23 +483,74 @@ pub async fn run(settings: Settings) -> Result<(), String> {
             _ = &mut signal => break,
         }
     }
+    // From here on every answer closes its connection and health says so.
+    app.shutting_down.store(true, Ordering::Relaxed);
+    // Connections the kernel completed but nobody accepted yet would be reset when the
+    // listener closes: take them in and answer them too.
+    while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
+        admit(stream, &mut connections);
+    }
     drop(listener);
-    clock.abort();
+    tracing::info!(target: "larder::lifecycle", connections = connections.len(), "stopping: finishing requests in flight");
     let _ = shutdown_tx.send(true);
-    let drained =
-        tokio::time::timeout(Duration::from_secs(30), async { while connections.join_next().await.is_some() {} }).await;
+    let limit = app.settings.shutdown_timeout;
+    let drained = tokio::time::timeout(limit, async { while connections.join_next().await.is_some() {} }).await;
     if drained.is_err() {
-        tracing::warn!(left = connections.len(), "connections still busy after 30s; closing them");
+        tracing::warn!(left = connections.len(), "connections still busy after {limit:?}; closing them");
         connections.abort_all();
     }
+    clock.abort();
+    background.abort();
     if waiting_ready {
         // Still recovering: wait for it so the store is closed cleanly.
         let _ = ready_rx.await;
     }
     let app2 = app.clone();
+    let closing = Instant::now();
     tokio::task::spawn_blocking(move || app2.store.get().map(|s| s.close()).transpose())
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("closing the store: {e}"))?;
+    tracing::info!(target: "larder::lifecycle", millis = closing.elapsed().as_millis() as u64, "stopped: data synced, checkpoint written");
     Ok(())
+}
+
+/// How often a recovery in progress is logged.
+const RECOVERY_REPORT_EVERY: Duration = Duration::from_secs(3);
+
+/// One line on a recovery in progress: volumes and records done, share of the bytes read and
+/// the time left at the rate so far.
+pub fn recovery_status(p: &RecoveryProgress, elapsed: Duration) -> String {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let (done, total) = (load(&p.bytes_done), load(&p.bytes_total));
+    let mut line = format!(
+        "{}/{} volumes, {} records, {:.0}% of {} MiB read",
+        load(&p.volumes_done),
+        load(&p.volumes_total),
+        load(&p.records),
+        if total == 0 { 0.0 } else { done as f64 * 100.0 / total as f64 },
+        total >> 20
+    );
+    if done > 0 && total > done {
+        let left = elapsed.as_secs_f64() * (total - done) as f64 / done as f64;
+        line.push_str(&format!(", about {left:.0} s left"));
+    }
+    line
+}
+
+fn log_recovered(store: &Store, elapsed: Duration) {
+    let s = store.stats();
+    let r = s.recovery;
+    tracing::info!(
+        target: "larder::lifecycle",
+        keys = s.keys,
+        volumes = r.volumes,
+        hint_loads = r.hint_loads,
+        checkpoint_loads = r.checkpoint_loads,
+        scans = r.scans,
+        tail_bytes_scanned = r.tail_bytes_scanned,
+        truncated_bytes = r.truncated_bytes,
+        millis = elapsed.as_millis() as u64,
+        "recovered"
+    );
 }

@@ -1,0 +1,436 @@
+//! The client and operator subcommands of the `larder` binary: `get`, `put`, `delete` and
+//! `stats` against a running server, `check` of a data directory offline, and `bench`, which
+//! hands over to the `larder-bench` tool.
+//!
+//! Exit codes: 0 success, 1 the server answered with an error (or `check` found damage),
+//! 2 the command could not run (bad arguments, server unreachable, unreadable directory).
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use larder_engine::check::{self, CheckProgress, CheckReport};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Bytes that keep their form in a canonical key path: RFC 3986 "unreserved" and `/`.
+const KEY_ENCODE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'/');
+
+/// Where the server is, and how to authenticate.
+#[derive(Args, Debug, Clone)]
+pub struct Target {
+    /// Base URL of the server.
+    #[arg(long, default_value = "http://127.0.0.1:1234", env = "LARDER_URL")]
+    pub url: String,
+    /// Bearer token for servers started with --auth-token (or LARDER_AUTH_TOKEN).
+    #[arg(long, env = "LARDER_AUTH_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print the status line and response headers to stderr.
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
+/// `larder get KEY`: the value to stdout (or a file).
+#[derive(Args, Debug)]
+pub struct GetArgs {
+    /// The key (any bytes but NUL; it is percent-encoded for the URL).
+    pub key: String,
+    /// Write the value to this file instead of stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `larder put KEY [FILE]`: store a file's bytes, or stdin's.
+#[derive(Args, Debug)]
+pub struct PutArgs {
+    /// The key.
+    pub key: String,
+    /// File holding the value; stdin when absent or `-`.
+    pub file: Option<PathBuf>,
+    /// Expire the value after this many seconds (X-TTL).
+    #[arg(long, value_name = "SECONDS")]
+    pub ttl: Option<u64>,
+    /// Content type stored with the value.
+    #[arg(long, value_name = "TYPE")]
+    pub content_type: Option<String>,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `larder delete KEY`.
+#[derive(Args, Debug)]
+pub struct DeleteArgs {
+    /// The key.
+    pub key: String,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `larder stats`: the server's figures as a table.
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    /// Print the JSON as the server sent it.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `larder check DATA_DIR`: verify a data directory offline.
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// The data directory (the server must be stopped).
+    pub data_dir: PathBuf,
+    /// No progress bar even on a terminal.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// `larder bench ARGS…`: runs `larder-bench` with the same arguments.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Arguments for larder-bench (e.g. `http --url http://127.0.0.1:1234/b/ --duration 10s`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<String>,
+}
+
+/// A failure of the command itself (exit 2), as opposed to an error answer (exit 1).
+fn fail(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("larder: {msg}");
+    2
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(300)))
+        .build()
+        .into()
+}
+
+fn key_url(t: &Target, key: &str) -> String {
+    let key = key.strip_prefix('/').unwrap_or(key);
+    format!("{}/{}", t.url.trim_end_matches('/'), utf8_percent_encode(key, KEY_ENCODE))
+}
+
+/// Sends a request; `Err` with the exit code when the server could not be reached.
+fn call(
+    t: &Target,
+    method: &str,
+    url: &str,
+    headers: &[(&str, String)],
+    body: Option<Vec<u8>>,
+) -> Result<(u16, Vec<u8>), i32> {
+    let mut req = ureq::http::Request::builder().method(method).uri(url);
+    if let Some(token) = &t.token {
+        req = req.header("Authorization", format!("Bearer {token}"));
+    }
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    let agent = agent();
+    let sent = match body {
+        Some(b) => agent.run(req.body(b).map_err(fail)?),
+        None => agent.run(req.body(()).map_err(fail)?),
+    };
+    let mut resp = sent.map_err(|e| fail(format!("{method} {url}: {e}")))?;
+    let status = resp.status().as_u16();
+    if t.verbose {
+        eprintln!("{:?} {}", resp.version(), resp.status());
+        for (k, v) in resp.headers() {
+            eprintln!("{k}: {}", String::from_utf8_lossy(v.as_bytes()));
+        }
+    }
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(u64::MAX)
+        .read_to_vec()
+        .map_err(|e| fail(format!("reading the answer: {e}")))?;
+    Ok((status, body))
+}
+
+/// Exit code for an answer: 0 for 2xx, else the server's one-line message and 1.
+fn answer(status: u16, body: &[u8]) -> i32 {
+    if (200..300).contains(&status) {
+        return 0;
+    }
+    eprintln!("larder: {status} {}", String::from_utf8_lossy(body).trim_end());
+    1
+}
+
+/// `larder get`.
+pub fn get(a: GetArgs) -> i32 {
+    let (status, body) = match call(&a.target, "GET", &key_url(&a.target, &a.key), &[], None) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    if status != 200 {
+        return answer(status, &body);
+    }
+    let written = match &a.output {
+        Some(path) => std::fs::write(path, &body),
+        None => std::io::stdout().lock().write_all(&body),
+    };
+    written.map_or_else(|e| fail(format!("writing the value: {e}")), |_| 0)
+}
+
+/// `larder put`.
+pub fn put(a: PutArgs) -> i32 {
+    let mut value = Vec::new();
+    let read = match a.file.as_ref().filter(|p| p.as_os_str() != "-") {
+        Some(path) => std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut value)),
+        None => std::io::stdin().lock().read_to_end(&mut value),
+    };
+    if let Err(e) = read {
+        return fail(format!("reading the value: {e}"));
+    }
+    let mut headers = Vec::new();
+    if let Some(ttl) = a.ttl {
+        headers.push(("X-TTL", ttl.to_string()));
+    }
+    if let Some(ct) = &a.content_type {
+        headers.push(("Content-Type", ct.clone()));
+    }
+    match call(&a.target, "PUT", &key_url(&a.target, &a.key), &headers, Some(value)) {
+        Ok((status, body)) => answer(status, &body),
+        Err(code) => code,
+    }
+}
+
+/// `larder delete`.
+pub fn delete(a: DeleteArgs) -> i32 {
+    match call(&a.target, "DELETE", &key_url(&a.target, &a.key), &[], None) {
+        Ok((status, body)) => answer(status, &body),
+        Err(code) => code,
+    }
+}
+
+/// `larder stats`.
+pub fn stats(a: StatsArgs) -> i32 {
+    let url = format!("{}/_larder/stats", a.target.url.trim_end_matches('/'));
+    let (status, body) = match call(&a.target, "GET", &url, &[], None) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    if status != 200 {
+        return answer(status, &body);
+    }
+    if a.json {
+        println!("{}", String::from_utf8_lossy(&body));
+        return 0;
+    }
+    match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(v) => {
+            print!("{}", stats_table(&v));
+            0
+        }
+        Err(e) => fail(format!("the server's stats are not JSON: {e}")),
+    }
+}
+
+/// Bytes in binary units, e.g. `1.5 GiB`.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// The stats as a table of sections, figures right-aligned.
+fn stats_table(v: &serde_json::Value) -> String {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let pct = |k: &str| format!("{:.1}%", v[k].as_f64().unwrap_or(0.0) * 100.0);
+    let of = |used: u64, cap: u64| {
+        let share = if cap == 0 { 0.0 } else { used as f64 * 100.0 / cap as f64 };
+        format!("{} of {} ({share:.0}%)", human_bytes(used), human_bytes(cap))
+    };
+    let r = &v["recovery"];
+    let rn = |k: &str| r[k].as_u64().unwrap_or(0);
+    let sections: Vec<(&str, Vec<(&str, String)>)> = vec![
+        (
+            "store",
+            vec![
+                ("keys", n("keys").to_string()),
+                ("disk", of(n("bytes_used"), n("capacity_bytes"))),
+                ("volumes", format!("{} of {} (active: {})", n("volumes"), n("volume_count"), n("active_volume"))),
+                ("memory tier", of(n("memory_bytes"), n("memory_capacity"))),
+                ("memory entries", n("memory_entries").to_string()),
+            ],
+        ),
+        (
+            "traffic",
+            vec![
+                ("hits", format!("{} ({} memory, {} disk)", n("hits"), n("memory_hits"), n("disk_hits"))),
+                ("misses", n("misses").to_string()),
+                ("hit ratio", format!("{} ({} memory)", pct("hit_ratio"), pct("memory_hit_ratio"))),
+                ("puts / deletes", format!("{} / {}", n("puts"), n("deletes"))),
+                ("bytes in / out", format!("{} / {}", human_bytes(n("bytes_in")), human_bytes(n("bytes_out")))),
+                ("coalesced reads", n("coalesced_reads").to_string()),
+            ],
+        ),
+        (
+            "ring",
+            vec![
+                ("volumes sealed", n("rotations").to_string()),
+                ("volumes evicted", n("volumes_evicted").to_string()),
+                ("entries evicted", n("evicted_entries").to_string()),
+                ("reinserted", format!("{} ({})", n("reinserted"), human_bytes(n("reinserted_bytes")))),
+            ],
+        ),
+        (
+            "health",
+            vec![
+                ("checksum failures", n("corrupt_reads").to_string()),
+                (
+                    "failures (write/sync/read)",
+                    format!("{} / {} / {}", n("write_failures"), n("sync_failures"), n("read_failures")),
+                ),
+                (
+                    "last recovery",
+                    format!(
+                        "{} ms: {} volumes, {} from hints, {} from the checkpoint, {} scanned",
+                        rn("millis"),
+                        rn("volumes"),
+                        rn("hint_loads"),
+                        rn("checkpoint_loads"),
+                        rn("scans")
+                    ),
+                ),
+            ],
+        ),
+    ];
+    let width = sections.iter().flat_map(|(_, rows)| rows.iter().map(|(k, _)| k.len())).max().unwrap_or(0);
+    let mut out = String::new();
+    for (title, rows) in sections {
+        out.push_str(title);
+        out.push('\n');
+        for (k, val) in rows {
+            out.push_str(&format!("  {k:<width$}  {val}\n"));
+        }
+    }
+    out
+}
+
+/// `larder check`.
+pub fn check(a: CheckArgs) -> i32 {
+    let progress = CheckProgress::default();
+    let bar = (!a.quiet && std::io::stderr().is_terminal()).then(|| {
+        let b = ProgressBar::new(0);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{spinner} checking [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec}, {eta} left",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        b
+    });
+    let report = std::thread::scope(|s| {
+        let worker = s.spawn(|| check::check_dir(&a.data_dir, &progress));
+        while !worker.is_finished() {
+            if let Some(b) = &bar {
+                b.set_length(progress.bytes_total.load(Ordering::Relaxed));
+                b.set_position(progress.bytes_done.load(Ordering::Relaxed));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        worker.join().expect("the check panicked")
+    });
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    match report {
+        Ok(r) => {
+            print!("{}", check_summary(&r));
+            if r.clean() {
+                0
+            } else {
+                1
+            }
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn check_summary(r: &CheckReport) -> String {
+    let mut out = format!(
+        "{} volumes, {} records, {} checked; {} hint files compared, {} sealed volumes without one\n",
+        r.volumes,
+        r.records,
+        human_bytes(r.bytes),
+        r.hints_checked,
+        r.unhinted
+    );
+    let line = |kind: &str, f: &check::Finding| match f.offset {
+        Some(o) => format!("{kind}: {} at offset {o}: {}\n", f.file.display(), f.what),
+        None => format!("{kind}: {}: {}\n", f.file.display(), f.what),
+    };
+    for f in &r.corrupt {
+        out.push_str(&line("CORRUPT", f));
+    }
+    for f in &r.hint_mismatches {
+        out.push_str(&line("hint mismatch", f));
+    }
+    if let Some(t) = &r.torn_tail {
+        out.push_str(&line("torn tail (a write cut short; the next start truncates it)", t));
+    }
+    for f in &r.notes {
+        out.push_str(&line("note", f));
+    }
+    out.push_str(if r.clean() {
+        "clean: every record verified\n"
+    } else {
+        "DAMAGED: recovery skips these records; their keys read as misses\n"
+    });
+    out
+}
+
+/// `larder bench`: runs `larder-bench` from beside this binary, else from PATH.
+pub fn bench(a: BenchArgs) -> i32 {
+    let beside = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join("larder-bench")));
+    let program = beside.filter(|p| p.exists()).unwrap_or_else(|| PathBuf::from("larder-bench"));
+    match std::process::Command::new(&program).args(&a.args).status() {
+        Ok(s) => s.code().unwrap_or(1),
+        Err(e) => fail(format!(
+            "cannot run {}: {e} (build it with `cargo build --release -p larder-bench`)",
+            program.display()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_sent_in_canonical_form() {
+        let t = Target { url: "http://h:1/".into(), token: None, verbose: false };
+        assert_eq!(key_url(&t, "img/a b%.jpg"), "http://h:1/img/a%20b%25.jpg");
+        assert_eq!(key_url(&t, "/x~y_z-1"), "http://h:1/x~y_z-1");
+        assert_eq!(key_url(&t, "ü"), "http://h:1/%C3%BC");
+    }
+
+    #[test]
+    fn stats_table_reads_the_json() {
+        let v = serde_json::json!({"keys": 3, "bytes_used": 2048, "capacity_bytes": 4096, "hits": 5,
+            "memory_hits": 2, "disk_hits": 3, "hit_ratio": 0.5, "recovery": {"millis": 7, "checkpoint_loads": 1}});
+        let t = stats_table(&v);
+        assert!(t.contains("keys") && t.contains("  3\n"), "{t}");
+        assert!(t.contains("2.0 KiB of 4.0 KiB (50%)"), "{t}");
+        assert!(t.contains("5 (2 memory, 3 disk)"), "{t}");
+        assert!(t.contains("50.0%"), "{t}");
+        assert!(t.contains("7 ms: 0 volumes, 0 from hints, 1 from the checkpoint"), "{t}");
+    }
+}

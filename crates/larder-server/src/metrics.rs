@@ -1,0 +1,169 @@
+//! Prometheus metrics (`/_larder/metrics`) through the `metrics` facade and its Prometheus
+//! exporter.
+//!
+//! Per request, the server records into handles registered once (a counter per method and
+//! status, a latency histogram per method), so the hot path does no name lookup or
+//! allocation. The engine's counters and gauges are copied in when scraped, from the same
+//! `Stats` that `/_larder/stats` reads, so the two never disagree. The engine records its
+//! fsync latency into the same recorder. Requests to `/_larder/` itself are not counted.
+
+use hyper::Method;
+use larder_engine::Stats;
+use metrics::{counter, gauge, Counter, Histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Upper bounds of the request latency buckets, in seconds: 50 µs (a memory hit) to 10 s.
+const LATENCY_BUCKETS: [f64; 17] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// Upper bounds of the fdatasync latency buckets, in seconds: 100 µs (a fast SSD) to 10 s.
+const FSYNC_BUCKETS: [f64; 13] =
+    [0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 10.0];
+
+/// The methods counted apart; anything else is `OTHER`.
+const METHODS: [&str; 5] = ["GET", "HEAD", "PUT", "DELETE", "OTHER"];
+/// Statuses 100 to 599.
+const STATUSES: usize = 500;
+
+fn method_index(m: &Method) -> usize {
+    match *m {
+        Method::GET => 0,
+        Method::HEAD => 1,
+        Method::PUT => 2,
+        Method::DELETE => 3,
+        _ => 4,
+    }
+}
+
+/// The server's metrics and the exporter that renders them.
+pub struct Metrics {
+    handle: PrometheusHandle,
+    latency: [Histogram; METHODS.len()],
+    /// Registered on first use: most (method, status) pairs never occur.
+    requests: Box<[OnceLock<Counter>]>,
+    /// Bytes of values received in PUT bodies.
+    pub bytes_in: AtomicU64,
+    /// Bytes of response bodies sent (HEAD sends none).
+    pub bytes_out: AtomicU64,
+}
+
+impl Metrics {
+    /// Installs the process-wide recorder (once: a second call is an error).
+    pub fn install() -> Result<Metrics, String> {
+        let handle = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full("larder_http_request_duration_seconds".into()), &LATENCY_BUCKETS)
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full("larder_fsync_duration_seconds".into()), &FSYNC_BUCKETS)
+            })
+            .map_err(|e| format!("configuring metrics: {e}"))?
+            .install_recorder()
+            .map_err(|e| format!("installing the metrics recorder: {e}"))?;
+        describe();
+        let latency = METHODS.map(|m| metrics::histogram!("larder_http_request_duration_seconds", "method" => m));
+        let requests = (0..METHODS.len() * STATUSES).map(|_| OnceLock::new()).collect();
+        Ok(Metrics { handle, latency, requests, bytes_in: AtomicU64::new(0), bytes_out: AtomicU64::new(0) })
+    }
+
+    /// Counts one answered request.
+    pub fn request(&self, method: &Method, status: u16, elapsed: Duration, body_bytes: u64) {
+        let m = method_index(method);
+        self.latency[m].record(elapsed.as_secs_f64());
+        let s = (status as usize).clamp(100, 599) - 100;
+        self.requests[m * STATUSES + s]
+            .get_or_init(
+                || counter!("larder_http_requests_total", "method" => METHODS[m], "status" => (s + 100).to_string()),
+            )
+            .increment(1);
+        if body_bytes > 0 {
+            self.bytes_out.fetch_add(body_bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Drains recorded histogram samples into their buckets; call every few seconds so that
+    /// samples do not pile up between scrapes.
+    pub fn upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+
+    /// The Prometheus text exposition, with the engine's figures as of now (`None` while
+    /// recovering).
+    pub fn render(&self, stats: Option<&Stats>) -> String {
+        gauge!("larder_ready").set(if stats.is_some() { 1.0 } else { 0.0 });
+        counter!("larder_http_received_bytes_total").absolute(self.bytes_in.load(Ordering::Relaxed));
+        counter!("larder_http_sent_bytes_total").absolute(self.bytes_out.load(Ordering::Relaxed));
+        if let Some(s) = stats {
+            engine(s);
+        }
+        self.handle.render()
+    }
+}
+
+/// Copies the engine's counters and gauges into the recorder.
+fn engine(s: &Stats) {
+    counter!("larder_cache_hits_total", "tier" => "memc").absolute(s.memory_hits);
+    counter!("larder_cache_hits_total", "tier" => "disk").absolute(s.hits.saturating_sub(s.memory_hits));
+    counter!("larder_cache_misses_total").absolute(s.misses);
+    counter!("larder_puts_total").absolute(s.puts);
+    counter!("larder_deletes_total").absolute(s.deletes);
+    gauge!("larder_index_keys").set(s.keys as f64);
+    gauge!("larder_disk_used_bytes").set(s.bytes_used as f64);
+    gauge!("larder_disk_capacity_bytes").set(s.capacity_bytes as f64);
+    gauge!("larder_volumes").set(s.volumes as f64);
+    gauge!("larder_active_volume").set(s.active_volume as f64);
+    counter!("larder_volumes_sealed_total").absolute(s.rotations);
+    counter!("larder_volumes_evicted_total").absolute(s.volumes_evicted);
+    counter!("larder_evicted_entries_total").absolute(s.evicted_entries);
+    counter!("larder_reinserted_total").absolute(s.reinserted);
+    counter!("larder_reinserted_bytes_total").absolute(s.reinserted_bytes);
+    counter!("larder_checksum_failures_total").absolute(s.corrupt_reads);
+    counter!("larder_disk_reads_total").absolute(s.disk_reads);
+    counter!("larder_coalesced_reads_total").absolute(s.coalesced_reads);
+    counter!("larder_promotions_total").absolute(s.promotions);
+    gauge!("larder_memory_bytes").set(s.memory_bytes as f64);
+    gauge!("larder_memory_entries").set(s.memory_entries as f64);
+    gauge!("larder_memory_capacity_bytes").set(s.memory_capacity as f64);
+    counter!("larder_hint_files_written_total").absolute(s.hints_written);
+    counter!("larder_write_failures_total").absolute(s.write_failures);
+    counter!("larder_sync_failures_total").absolute(s.sync_failures);
+    counter!("larder_read_failures_total").absolute(s.read_failures);
+    gauge!("larder_recovery_duration_seconds").set(s.recovery.millis as f64 / 1000.0);
+}
+
+fn describe() {
+    use metrics::{describe_counter as c, describe_gauge as g, describe_histogram as h};
+    h!("larder_http_request_duration_seconds", Unit::Seconds, "Time from request head to response, by method.");
+    c!("larder_http_requests_total", "Requests answered, by method and status.");
+    c!("larder_http_received_bytes_total", Unit::Bytes, "Bytes of values received in PUT bodies.");
+    c!("larder_http_sent_bytes_total", Unit::Bytes, "Bytes of response bodies sent.");
+    h!("larder_fsync_duration_seconds", Unit::Seconds, "fdatasync of one volume file.");
+    c!("larder_cache_hits_total", "Value reads (GET) that found a value, by the tier that answered (memc, disk).");
+    c!("larder_cache_misses_total", "Value reads (GET) that found nothing.");
+    c!("larder_puts_total", "Values stored.");
+    c!("larder_deletes_total", "Keys deleted.");
+    g!("larder_index_keys", "Keys in the index.");
+    g!("larder_disk_used_bytes", Unit::Bytes, "Bytes of volume files on disk.");
+    g!("larder_disk_capacity_bytes", Unit::Bytes, "volume-count x volume-size.");
+    g!("larder_volumes", "Volume files that exist.");
+    g!("larder_active_volume", "Slot of the volume being written.");
+    c!("larder_volumes_sealed_total", "Volumes sealed (the ring moved to the next slot).");
+    c!("larder_volumes_evicted_total", "Volumes whose data the ring overwrote.");
+    c!("larder_evicted_entries_total", "Index entries dropped because the ring reused their volume.");
+    c!("larder_reinserted_total", "Entries copied forward before the ring overwrote their volume.");
+    c!("larder_reinserted_bytes_total", Unit::Bytes, "Bytes of records copied forward.");
+    c!("larder_checksum_failures_total", "Reads whose record failed its checksum (answered as misses).");
+    c!("larder_disk_reads_total", "Record reads from volume files made for GETs.");
+    c!("larder_coalesced_reads_total", "GETs that shared another GET's disk read.");
+    c!("larder_promotions_total", "Values copied into the memory tier after disk reads.");
+    g!("larder_memory_bytes", Unit::Bytes, "Bytes the memory tier holds.");
+    g!("larder_memory_entries", "Entries in the memory tier.");
+    g!("larder_memory_capacity_bytes", Unit::Bytes, "Capacity of the memory tier.");
+    c!("larder_hint_files_written_total", "Hint files written for sealed volumes.");
+    c!("larder_write_failures_total", "Records whose write failed.");
+    c!("larder_sync_failures_total", "fdatasync calls that failed.");
+    c!("larder_read_failures_total", "Reads that failed with an I/O error (answered 503).");
+    g!("larder_ready", "1 when serving, 0 while recovering.");
+    g!("larder_recovery_duration_seconds", Unit::Seconds, "Wall time of the last recovery.");
+}
