@@ -194,9 +194,10 @@ struct Conn {
     close: Arc<Notify>,
 }
 
-/// A connection must have been quiet this long to be closed for a newcomer: long enough that
-/// a request already sent is read, and that the tail of a response still being written (hyper
-/// finishes with a body before the socket takes all of it) keeps moving bytes.
+/// A connection must have been quiet this long to be closed for a newcomer or by a shutdown:
+/// long enough that a request already sent is read, and that the tail of a response still
+/// being written (hyper finishes with a body before the socket takes all of it) keeps moving
+/// bytes.
 const QUIET_BEFORE_CLOSE_MS: u64 = 1000;
 
 impl Conn {
@@ -220,11 +221,6 @@ impl Activity {
             && self.read.load(Ordering::Relaxed) == self.read_at_answer.load(Ordering::Relaxed)
     }
 }
-
-/// While stopping, a connection between requests is closed once it has been quiet this long;
-/// a client that is still sending gets its next request answered (with `Connection: close`)
-/// instead of finding the connection closed under a request it just sent.
-const DRAIN_QUIET_MS: u64 = 250;
 
 impl Conns {
     /// Makes room for one more connection if there are `max` already: closes the
@@ -327,7 +323,9 @@ async fn serve_connection(
             // the shutdown up past its timeouts.
             _ = shutdown.changed(), if !draining => draining = true,
             _ = drain_tick.tick(), if draining && !closing => {
-                let quiet = coarse_ms().saturating_sub(activity.moved_at.load(Ordering::Relaxed)) >= DRAIN_QUIET_MS;
+                // A client still sending gets its next request answered (with `Connection:
+                // close`) instead of finding the connection closed under a request it just sent.
+                let quiet = coarse_ms().saturating_sub(activity.moved_at.load(Ordering::Relaxed)) >= QUIET_BEFORE_CLOSE_MS;
                 if quiet && activity.between_requests() {
                     closing = true;
                     conn.as_mut().graceful_shutdown(); // between requests: hyper closes at once
@@ -483,14 +481,15 @@ pub async fn run(settings: Settings) -> Result<(), String> {
             _ = &mut signal => break,
         }
     }
-    // From here on every answer closes its connection and health says so.
-    app.shutting_down.store(true, Ordering::Relaxed);
     // Connections the kernel completed but nobody accepted yet would be reset when the
     // listener closes: take them in and answer them too.
     while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
         admit(stream, &mut connections);
     }
     drop(listener);
+    // From here on every answer closes its connection (only now: a client told to reconnect
+    // before the listener closed could land in its queue and be reset), and health says so.
+    app.shutting_down.store(true, Ordering::Relaxed);
     tracing::info!(target: "larder::lifecycle", connections = connections.len(), "stopping: finishing requests in flight");
     let _ = shutdown_tx.send(true);
     let limit = app.settings.shutdown_timeout;
