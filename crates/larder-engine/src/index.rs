@@ -190,7 +190,14 @@ impl Index {
     }
 
     fn shard(&self, hash: u64) -> &RwLock<Table> {
-        &self.shards[(hash >> (64 - SHARD_BITS)) as usize]
+        &self.shards[Self::shard_of(hash)]
+    }
+
+    /// The shard that holds `hash` (0 to 4095). Entries of different shards never meet, so
+    /// threads that each take a disjoint set of shards can load entries in parallel and still
+    /// apply the entries of any one key in order.
+    pub fn shard_of(hash: u64) -> usize {
+        (Self::norm(hash) >> (64 - SHARD_BITS)) as usize
     }
 
     /// The hash value the table uses: 0 marks an empty slot, so it is folded onto 1.

@@ -265,3 +265,41 @@ fn a_discarded_volume_takes_the_older_ones_with_it() {
     assert_eq!(store.get(b"later").unwrap().unwrap().data.as_ref(), b"kept");
     assert_eq!(store.stats().recovery.discarded, 2);
 }
+
+/// Hints of more than 65,536 entries are applied by several threads, each taking its own
+/// index shards: every key must still end at its newest record, though its put, overwrite
+/// and delete sit in the same hint.
+#[test]
+fn large_hints_applied_in_parallel_keep_each_keys_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 8 << 20, 8);
+    let n = 100_000u64;
+    let val = |i: u64, round: u64| (i * 3 + round).to_le_bytes();
+    {
+        let store = Store::open(cfg.clone()).unwrap();
+        for i in 0..n {
+            let key = format!("p/{i}");
+            store.put(key.as_bytes(), &val(i, 0)).unwrap();
+            if i % 5 == 0 {
+                store.put(key.as_bytes(), &val(i, 1)).unwrap();
+            }
+            if i % 7 == 1 {
+                store.delete(key.as_bytes()).unwrap();
+            }
+        }
+        assert!(store.stats().rotations >= 1, "a sealed volume with its hint");
+    }
+    let store = Store::open(cfg).unwrap();
+    let r = store.stats().recovery;
+    assert_eq!((r.scans, r.checkpoint_loads), (0, 1), "{r:?}");
+    assert!(r.hint_loads >= 1 && r.records > n, "{r:?}");
+    for i in 0..n {
+        let got = store.get(format!("p/{i}").as_bytes()).unwrap().map(|v| v.data.to_vec());
+        let want = match (i % 7 == 1, i % 5 == 0) {
+            (true, _) => None,
+            (false, true) => Some(val(i, 1).to_vec()),
+            (false, false) => Some(val(i, 0).to_vec()),
+        };
+        assert_eq!(got, want, "p/{i}");
+    }
+}

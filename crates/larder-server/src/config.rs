@@ -61,6 +61,9 @@ pub fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
     }
 }
 
+/// Warnings, and the start-up and shutdown progress (target `larder::lifecycle`).
+pub const DEFAULT_LOG_LEVEL: &str = "warn,larder::lifecycle=info";
+
 /// `larder serve` flags. Every flag has a same-named key (with `_`) in the TOML file.
 #[derive(Args, Debug, Default)]
 pub struct ServeArgs {
@@ -120,7 +123,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub access_log: bool,
     /// Log level or tracing filter directive, e.g. info or larder=debug; RUST_LOG overrides
-    /// [default: warn].
+    /// [default: warn,larder::lifecycle=info: warnings, and start-up and shutdown progress].
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
     /// Largest request header block; larger gets 431 [default: 16KiB].
@@ -387,7 +390,7 @@ impl ServeArgs {
             default_ttl,
             slow_request: dur(self.slow_request, &file.slow_request, Duration::from_millis(100))?,
             access_log: self.access_log || file.access_log.unwrap_or(false),
-            log_level: self.log_level.clone().or(file.log_level).unwrap_or_else(|| "warn".into()),
+            log_level: self.log_level.clone().or(file.log_level).unwrap_or_else(|| DEFAULT_LOG_LEVEL.into()),
             max_header_size: size(self.max_header_size, &file.max_header_size, 16 << 10)?,
             max_uri_size: size(self.max_uri_size, &file.max_uri_size, 8 << 10)?,
             header_timeout: dur(self.header_timeout, &file.header_timeout, Duration::from_secs(10))?,

@@ -66,10 +66,6 @@ fn serve(args: config::ServeArgs) -> i32 {
     if settings.access_log {
         filter.push_str(",larder::access=info");
     }
-    // Start-up and shutdown progress is worth seeing at the default level.
-    if std::env::var_os("RUST_LOG").is_none() {
-        filter.push_str(",larder::lifecycle=info");
-    }
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("warn")))
         .with_writer(std::io::stderr)
