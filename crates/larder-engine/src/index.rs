@@ -20,7 +20,8 @@ use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const SHARD_BITS: u32 = 12;
-const SHARDS: usize = 1 << SHARD_BITS;
+/// Number of shards (see [`Index::shard_of`]).
+pub const SHARDS: usize = 1 << SHARD_BITS;
 const MAX_LOAD_NUM: usize = 4; // grow above 4/5 full
 const MAX_LOAD_DEN: usize = 5;
 const MIN_CAPACITY: usize = 8;
@@ -230,6 +231,22 @@ impl Index {
             self.len.fetch_add(1, Ordering::Relaxed);
         }
         old.map(Loc::unpack)
+    }
+
+    /// Stores each `(hash, loc)` in order, under one lock: all hashes must belong to one shard
+    /// ([`Index::shard_of`]). For recovery, which loads entries sorted by shard.
+    pub fn insert_batch(&self, items: &[(u64, Loc)]) {
+        let Some(&(first, _)) = items.first() else { return };
+        let shard = Self::shard_of(first);
+        let mut t = self.shards[shard].write();
+        let mut added = 0;
+        for &(hash, loc) in items {
+            debug_assert_eq!(Self::shard_of(hash), shard);
+            if t.insert(Self::norm(hash), loc.pack()).is_none() {
+                added += 1;
+            }
+        }
+        self.len.fetch_add(added, Ordering::Relaxed);
     }
 
     /// Removes the entry for `hash` only if it still names the record at `expected`; returns

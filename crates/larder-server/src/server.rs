@@ -515,7 +515,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
 }
 
 /// How often a recovery in progress is logged.
-const RECOVERY_REPORT_EVERY: Duration = Duration::from_secs(3);
+const RECOVERY_REPORT_EVERY: Duration = Duration::from_secs(2);
 
 /// One line on a recovery in progress: volumes and records done, share of the bytes read and
 /// the time left at the rate so far.
@@ -552,4 +552,28 @@ fn log_recovered(store: &Store, elapsed: Duration) {
         millis = elapsed.as_millis() as u64,
         "recovered"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recovery_status_reports_share_and_time_left() {
+        let p = RecoveryProgress::default();
+        p.volumes_total.store(4, Ordering::Relaxed);
+        p.volumes_done.store(1, Ordering::Relaxed);
+        p.bytes_total.store(400 << 20, Ordering::Relaxed);
+        p.bytes_done.store(100 << 20, Ordering::Relaxed);
+        p.records.store(123_456, Ordering::Relaxed);
+        // A quarter read in 2 s: three quarters left take 6 s more at that rate.
+        assert_eq!(
+            recovery_status(&p, Duration::from_secs(2)),
+            "1/4 volumes, 123456 records, 25% of 400 MiB read, about 6 s left"
+        );
+        assert_eq!(
+            recovery_status(&RecoveryProgress::default(), Duration::ZERO),
+            "0/0 volumes, 0 records, 0% of 0 MiB read"
+        );
+    }
 }
