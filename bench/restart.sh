@@ -7,7 +7,9 @@
 #   crash+cp  kill -9 after a graceful restart and more writes: the checkpoint, then a scan of
 #             what was appended after it.
 # Each is measured with the page cache warm (median of RUNS starts) and, when run as root,
-# cold (caches dropped before one start). The server runs on core 1, the loader on core 0.
+# cold (caches dropped before one start). While filling, the server runs on core 1 and the
+# loader on core 0; the timed starts have both cores, as a server has in production (recovery
+# loads hint files on every core), or only core 1 with PIN=1.
 #
 #   bench/restart.sh                        # 10M keys of 100 bytes, default ring (16 x 1GiB)
 #   KEYS=1000000 RUNS=1 bench/restart.sh    # a quick look
@@ -25,8 +27,9 @@ source bench/lib.sh
 
 dir=$work/data
 pid=
+cores=0-1
 serve() {
-  taskset -c 1 "$bin" serve --data-dir "$dir" --listen "127.0.0.1:$PORT" --log-level error "$@" >/dev/null &
+  taskset -c "$cores" "$bin" serve --data-dir "$dir" --listen "127.0.0.1:$PORT" --log-level error "$@" >/dev/null &
   pid=$!
   pids+=("$pid")
 }
@@ -86,6 +89,7 @@ measure() {
 }
 
 echo "filling $KEYS keys of $SIZE bytes ..."
+cores=1
 serve
 until curl -sf -o /dev/null "http://127.0.0.1:$PORT/_larder/health"; do sleep 0.05; done
 fill_t0=$(date +%s)
@@ -93,6 +97,7 @@ taskset -c 0 target/release/larder-bench http "http://127.0.0.1:$PORT/r" --workl
   --keys "$KEYS" --requests "$KEYS" --value-size "$SIZE" --connections 32 --quiet
 echo "filled in $(($(date +%s) - fill_t0)) s: $(stats | python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["keys"], "keys,", s["bytes_used"] >> 20, "MiB in", s["volumes"], "volumes")')"
 sleep 3 # let the hint files of the sealed volumes be written, as in a long-running server
+[ "${PIN:-0}" = 1 ] || cores=0-1
 
 # A crash of a server that was never stopped gracefully: no checkpoint.
 measure crash crash
