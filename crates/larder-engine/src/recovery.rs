@@ -388,16 +388,17 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
     report.volumes = found.len() as u64;
 
     // The work ahead, for progress reports: a hint's bytes where one exists, else the volume's.
-    let mut hints: Vec<Option<Vec<u8>>> = Vec::with_capacity(found.len());
-    for vh in &found {
-        let bytes = if hints_trusted { std::fs::read(hint_path(&sh.dir, vh.slot as usize)).ok() } else { None };
-        hints.push(bytes);
-    }
-    let cost = |i: usize| {
-        let len = sh.slots[found[i].slot as usize].file.get().and_then(|f| f.metadata().ok()).map_or(0, |m| m.len());
-        hints[i].as_ref().map_or(len, |h| h.len() as u64)
-    };
-    let total: u64 = (0..found.len()).map(cost).sum();
+    // (Each hint is read when its volume's turn comes: together they may be hundreds of MiB.)
+    let costs: Vec<u64> = found
+        .iter()
+        .map(|vh| {
+            let slot = vh.slot as usize;
+            let hint = hints_trusted.then(|| std::fs::metadata(hint_path(&sh.dir, slot)).ok()).flatten();
+            let volume = || sh.slots[slot].file.get().and_then(|f| f.metadata().ok());
+            hint.or_else(volume).map_or(0, |m| m.len())
+        })
+        .collect();
+    let total: u64 = costs.iter().sum();
     progress.volumes_total.store(found.len() as u64, Ordering::Relaxed);
     progress.bytes_total.store(total, Ordering::Relaxed);
 
@@ -416,7 +417,8 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
         // A hint covers the whole volume (sealed) or what was written before a graceful stop
         // (the active volume's checkpoint); only the records after it are scanned.
         let mut scan_from = VOLUME_HEADER_LEN;
-        if let Some(bytes) = &hints[i] {
+        let hint_bytes = if hints_trusted { std::fs::read(hint_path(&sh.dir, slot)).ok() } else { None };
+        if let Some(bytes) = &hint_bytes {
             match hint::Hint::open(bytes, vh, file_len) {
                 Some(h) => {
                     load_hint(sh, slot, vh.generation, &h, progress);
@@ -431,7 +433,8 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
                 None => tracing::warn!(slot, "hint file does not match its volume; scanning the volume"),
             }
         }
-        done_bytes += cost(i);
+        drop(hint_bytes);
+        done_bytes += costs[i];
         if scan_from == file_len && !is_active {
             s.len.store(file_len, Ordering::Relaxed);
             progress.volumes_done.fetch_add(1, Ordering::Relaxed);
@@ -451,7 +454,7 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
             salt: vh.salt,
             torn_tail_possible: is_active,
         };
-        let scan_base = done_bytes - cost(i);
+        let scan_base = done_bytes - costs[i];
         let mut seen = 0u64;
         let outcome = scan_volume(file, range, |ev| match ev {
             ScanEvent::Valid { offset, header, key } => {
@@ -464,7 +467,7 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
                 seen += 1;
                 if seen.is_multiple_of(1 << 16) {
                     progress.records.fetch_add(1 << 16, Ordering::Relaxed);
-                    progress.bytes_done.store(scan_base + offset.min(cost(i)), Ordering::Relaxed);
+                    progress.bytes_done.store(scan_base + (offset - scan_from).min(costs[i]), Ordering::Relaxed);
                 }
             }
             ScanEvent::Damaged { offset, header, key } => {
