@@ -142,20 +142,9 @@ pub fn check_dir(dir: &Path, progress: &CheckProgress) -> Result<CheckReport> {
             .map_err(|e| Error::io(format!("reading {}", volume_path(dir, *slot).display()), e))?;
         report.volumes += 1;
         report.bytes += len;
-        progress.bytes_done.fetch_add(*len, Ordering::Relaxed);
+        progress.bytes_done.store(report.bytes, Ordering::Relaxed);
     }
     Ok(report)
-}
-
-/// One scanned record in hint form, for comparing with a hint file.
-fn as_hint(seed: u64, offset: u64, header: &crate::record::Header, key: &[u8], dropped: bool) -> HintEntry {
-    let hash = xxhash_rust::xxh3::xxh3_64_with_seed(key, seed);
-    let len = header.record_len() as u32;
-    if dropped {
-        HintEntry::Drop { hash, offset, len, key: key.to_vec() }
-    } else {
-        HintEntry::Put { hash, offset, len, expiry_ms: header.expiry_ms }
-    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -211,29 +200,27 @@ fn check_volume(
         salt: vh.salt,
         torn_tail_possible: is_active,
     };
-    let outcome = scan_volume(file, range, |ev| match ev {
-        ScanEvent::Valid { offset, header, key } => {
-            if let Some(seed) = seed {
-                compare(offset, as_hint(seed, offset, &header, key, header.is_tombstone()));
-            }
-            if offset % (64 << 20) < header.padded_len() {
-                progress.bytes_done.store(done_before + offset, Ordering::Relaxed);
-            }
+    let outcome = scan_volume(file, range, |ev| {
+        if let Some(seed) = seed {
+            compare(ev.offset(), ev.hint_entry(xxhash_rust::xxh3::xxh3_64_with_seed(ev.key(), seed)));
         }
-        ScanEvent::Damaged { offset, header, key } => {
-            damaged += 1;
-            let what = format!(
-                "record of key {:?} ({} bytes) fails its checksum",
-                String::from_utf8_lossy(key),
-                header.record_len()
-            );
-            report.corrupt.push(finding(&path, Some(offset), what));
-            if let Some(seed) = seed {
-                compare(offset, as_hint(seed, offset, &header, key, true));
+        match ev {
+            ScanEvent::Valid { offset, header, .. } => {
+                if offset % (64 << 20) < header.padded_len() {
+                    progress.bytes_done.store(done_before + offset, Ordering::Relaxed);
+                }
+            }
+            ScanEvent::Damaged { offset, header, key } => {
+                damaged += 1;
+                let what = format!(
+                    "record of key {:?} ({} bytes) fails its checksum",
+                    String::from_utf8_lossy(key),
+                    header.record_len()
+                );
+                report.corrupt.push(finding(&path, Some(offset), what));
             }
         }
     })?;
-    progress.bytes_done.store(done_before, Ordering::Relaxed);
     report.records += outcome.records;
     if outcome.skipped > damaged {
         let what = format!("{} damaged stretches skipped (record headers unreadable)", outcome.skipped - damaged);

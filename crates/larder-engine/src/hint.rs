@@ -44,15 +44,6 @@ pub enum HintEntry {
     },
 }
 
-impl HintEntry {
-    /// The seeded key hash the entry is for.
-    pub fn hash(&self) -> u64 {
-        match self {
-            HintEntry::Put { hash, .. } | HintEntry::Drop { hash, .. } => *hash,
-        }
-    }
-}
-
 /// Encodes a hint for the volume `vh` covering `data_len` bytes of it.
 pub fn encode(vh: &VolumeHeader, data_len: u64, entries: &[HintEntry]) -> Vec<u8> {
     let mut b = Vec::with_capacity(HEADER_LEN + entries.len() * ENTRY_LEN + 4);

@@ -43,6 +43,38 @@ pub enum ScanEvent<'a> {
     },
 }
 
+impl ScanEvent<'_> {
+    /// The record's key.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            ScanEvent::Valid { key, .. } | ScanEvent::Damaged { key, .. } => key,
+        }
+    }
+
+    /// The record's offset in the volume.
+    pub fn offset(&self) -> u64 {
+        match self {
+            ScanEvent::Valid { offset, .. } | ScanEvent::Damaged { offset, .. } => *offset,
+        }
+    }
+
+    /// The record as a hint file describes it (`hash` is its seeded key hash): a put, or a
+    /// drop for a tombstone or a damaged record. Hint files are made of these, and
+    /// `larder check` compares hint files with them.
+    pub fn hint_entry(&self, hash: u64) -> HintEntry {
+        let (offset, header, key, dropped) = match *self {
+            ScanEvent::Valid { offset, header, key } => (offset, header, key, header.is_tombstone()),
+            ScanEvent::Damaged { offset, header, key } => (offset, header, key, true),
+        };
+        let len = header.record_len() as u32;
+        if dropped {
+            HintEntry::Drop { hash, offset, len, key: key.to_vec() }
+        } else {
+            HintEntry::Put { hash, offset, len, expiry_ms: header.expiry_ms }
+        }
+    }
+}
+
 /// What a scan found.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ScanOutcome {
@@ -389,7 +421,7 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
 
     // The work ahead, for progress reports: a hint's bytes where one exists, else the volume's.
     // (Each hint is read when its volume's turn comes: together they may be hundreds of MiB.)
-    let costs: Vec<u64> = found
+    let mut costs: Vec<u64> = found
         .iter()
         .map(|vh| {
             let slot = vh.slot as usize;
@@ -430,7 +462,12 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
                         (false, false) => {} // sealed after its checkpoint: scanned below
                     }
                 }
-                None => tracing::warn!(slot, "hint file does not match its volume; scanning the volume"),
+                None => {
+                    tracing::warn!(slot, "hint file does not match its volume; scanning the volume");
+                    // The work is the volume, not the hint.
+                    progress.bytes_total.fetch_add(file_len.saturating_sub(costs[i]), Ordering::Relaxed);
+                    costs[i] = costs[i].max(file_len);
+                }
             }
         }
         drop(hint_bytes);
@@ -602,19 +639,7 @@ pub(crate) fn hint_entries(
 ) -> std::io::Result<Vec<HintEntry>> {
     let mut entries = Vec::new();
     let range = ScanRange { start: VOLUME_HEADER_LEN, end: len, generation, salt, torn_tail_possible: false };
-    scan_volume(file, range, |ev| {
-        let (offset, header, key, dropped) = match ev {
-            ScanEvent::Valid { offset, header, key } => (offset, header, key, header.is_tombstone()),
-            ScanEvent::Damaged { offset, header, key } => (offset, header, key, true),
-        };
-        let hash = sh.hash(key);
-        let len = header.record_len() as u32;
-        entries.push(if dropped {
-            HintEntry::Drop { hash, offset, len, key: key.to_vec() }
-        } else {
-            HintEntry::Put { hash, offset, len, expiry_ms: header.expiry_ms }
-        });
-    })?;
+    scan_volume(file, range, |ev| entries.push(ev.hint_entry(sh.hash(ev.key()))))?;
     Ok(entries)
 }
 

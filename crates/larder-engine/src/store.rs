@@ -299,6 +299,8 @@ struct Writer {
     /// Store time of the last put or delete: each gets a later one (by a millisecond if the
     /// clock has not moved, or has stepped back), so no two writes share a version.
     last_stamp: u64,
+    /// Set by `close`: no record is appended after the checkpoint is taken.
+    closed: bool,
 }
 
 impl Writer {
@@ -560,6 +562,9 @@ impl Shared {
         value: &[u8],
         value_crc: u32,
     ) -> Result<(Position, Loc)> {
+        if w.closed {
+            return Err(Error::new(ErrorKind::Io, "the store is closed"));
+        }
         let record_len = (HEADER_LEN + key.len() + meta.len() + value.len()) as u64;
         let padded = record::padded(record_len);
         if w.offset + padded > self.cfg.volume_size {
@@ -1203,6 +1208,7 @@ impl Store {
                 undo: Vec::new(),
                 prefix: Vec::new(),
                 last_stamp: 0,
+                closed: false,
             }),
             durable: Mutex::new(DurableState::default()),
             durable_cv: Condvar::new(),
@@ -1678,12 +1684,15 @@ impl Store {
         for t in threads {
             let _ = t.join();
         }
-        self.sync()?;
         let sh = &*self.shared;
+        // Writers still running (a shutdown that timed out) fail from here on, so that the
+        // sync below covers every record and the checkpoint describes the volume as it stays.
         let (active, offset) = {
-            let w = sh.writer.lock();
+            let mut w = sh.writer.lock();
+            w.closed = true;
             (w.active, w.offset)
         };
+        self.sync()?;
         // The checkpoint: a hint of the active volume as it is now, so that the next open
         // loads it instead of scanning the volume (it scans only what is appended after).
         let s = &sh.slots[active];

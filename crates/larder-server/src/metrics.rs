@@ -148,7 +148,7 @@ fn describe() {
     g!("larder_disk_capacity_bytes", Unit::Bytes, "volume-count x volume-size.");
     g!("larder_volumes", "Volume files that exist.");
     g!("larder_active_volume", "Slot of the volume being written.");
-    c!("larder_volumes_sealed_total", "Volumes sealed (the ring moved to the next slot).");
+    c!("larder_volumes_sealed_total", "Times the ring moved to the next slot, sealing the volume it left.");
     c!("larder_volumes_evicted_total", "Volumes whose data the ring overwrote.");
     c!("larder_evicted_entries_total", "Index entries dropped because the ring reused their volume.");
     c!("larder_reinserted_total", "Entries copied forward before the ring overwrote their volume.");
@@ -160,7 +160,7 @@ fn describe() {
     g!("larder_memory_bytes", Unit::Bytes, "Bytes the memory tier holds.");
     g!("larder_memory_entries", "Entries in the memory tier.");
     g!("larder_memory_capacity_bytes", Unit::Bytes, "Capacity of the memory tier.");
-    c!("larder_hint_files_written_total", "Hint files written for sealed volumes.");
+    c!("larder_hint_files_written_total", "Hint files written: of sealed volumes, and checkpoints at stop.");
     c!("larder_write_failures_total", "Records whose write failed.");
     c!("larder_sync_failures_total", "fdatasync calls that failed.");
     c!("larder_read_failures_total", "Reads that failed with an I/O error (answered 503).");

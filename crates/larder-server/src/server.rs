@@ -482,9 +482,14 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         }
     }
     // Connections the kernel completed but nobody accepted yet would be reset when the
-    // listener closes: take them in and answer them too.
-    while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
-        admit(stream, &mut connections);
+    // listener closes: take them in and answer them too (for at most 100 ms, so that a flood
+    // of connects cannot hold the stop up).
+    let until = Instant::now() + Duration::from_millis(100);
+    while Instant::now() < until {
+        match tokio::time::timeout(Duration::ZERO, listener.accept()).await {
+            Ok(Ok((stream, _))) => admit(stream, &mut connections),
+            _ => break,
+        }
     }
     drop(listener);
     // From here on every answer closes its connection (only now: a client told to reconnect

@@ -203,7 +203,7 @@ fn sigterm_under_load_drops_nothing_and_restarts_from_the_checkpoint() {
     let r = &st["recovery"];
     assert_eq!(r["scans"], 0, "no volume was scanned: {st}");
     assert_eq!(r["checkpoint_loads"], 1, "{st}");
-    assert!(st["rotations"].as_u64().is_some() && r["hint_loads"].as_u64().unwrap() >= 1, "{st}");
+    assert!(r["hint_loads"].as_u64().unwrap() >= 1, "sealed volumes load from their hint files: {st}");
     let mut c = s.client();
     for (key, &seed) in acked.iter() {
         let g = c.get(key);
