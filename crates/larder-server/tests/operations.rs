@@ -182,13 +182,25 @@ fn sigterm_under_load_drops_nothing_and_restarts_from_the_checkpoint() {
             })
         })
         .collect();
+    // A keep-alive connection that sits idle through the stop: it must not hold the stop up
+    // (closed once quiet for a second, long before the 30 s shutdown timeout), and it must
+    // be closed cleanly, not reset.
+    let mut idle = Client::connect(addr);
+    assert_eq!(idle.get("/load/none").status, 404);
     let started = Instant::now();
     while acked.lock().unwrap().len() < 200 && started.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(500)); // well into the load
     s.signal_term();
+    let stopping = Instant::now();
     s.wait_exit_success();
+    let stop_took = stopping.elapsed();
+    assert!(stop_took < Duration::from_secs(10), "the stop took {stop_took:?}");
+    match idle.read_response(false) {
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+        other => panic!("the idle connection was not closed cleanly: {other:?}"),
+    }
     for t in threads {
         t.join().unwrap();
     }
