@@ -75,68 +75,102 @@ fn finding(file: &Path, offset: Option<u64>, what: impl Into<String>) -> Finding
 /// Checks the data directory `dir`. Fails only if the directory cannot be read or is in use;
 /// everything found in it is in the report.
 pub fn check_dir(dir: &Path, progress: &CheckProgress) -> Result<CheckReport> {
-    if !dir.is_dir() {
-        return Err(Error::new(ErrorKind::Invalid, format!("{} is not a directory", dir.display())));
-    }
-    let lock_path = dir.join("LOCK");
-    let _lock = match File::open(&lock_path) {
-        Ok(f) => {
+    check_dirs(&[dir.to_path_buf()], progress)
+}
+
+/// Checks the data directories of one store together (the newest volume of all is the
+/// active one). Fails only if a directory cannot be read or is in use.
+pub fn check_dirs(dirs: &[PathBuf], progress: &CheckProgress) -> Result<CheckReport> {
+    let mut locks = Vec::new();
+    for dir in dirs {
+        if !dir.is_dir() {
+            return Err(Error::new(ErrorKind::Invalid, format!("{} is not a directory", dir.display())));
+        }
+        if let Ok(f) = File::open(dir.join("LOCK")) {
             if f.try_lock_shared().is_err() {
                 let msg = format!("{} is in use by a running server; stop it first", dir.display());
                 return Err(Error::new(ErrorKind::Locked, msg));
             }
-            Some(f)
+            locks.push(f);
         }
-        Err(_) => None,
-    };
+    }
     let mut report = CheckReport::default();
-    let manifest_path = dir.join(crate::manifest::FILE_NAME);
-    let seed = match Manifest::load(dir).map_err(|e| Error::io("reading the manifest", e))? {
-        Some(Some(m)) => Some(m.hash_seed),
-        Some(None) => {
-            report.corrupt.push(finding(&manifest_path, None, "manifest fails its checksum"));
-            None
+    // The newest sound copy of the manifest holds the key-hash seed.
+    let mut seed: Option<(u64, u64)> = None;
+    let mut damaged = Vec::new();
+    for dir in dirs {
+        let path = dir.join(crate::manifest::FILE_NAME);
+        match Manifest::load(dir).map_err(|e| Error::io("reading the manifest", e))? {
+            Some(Some(m)) if seed.is_none_or(|(epoch, _)| m.epoch > epoch) => seed = Some((m.epoch, m.hash_seed)),
+            Some(Some(_)) => {}
+            Some(None) => damaged.push(path),
+            None => report.notes.push(finding(&path, None, "no manifest here")),
         }
-        None => {
-            report.notes.push(finding(&manifest_path, None, "no manifest: hint files cannot be compared"));
-            None
+    }
+    for path in damaged {
+        match seed {
+            None => report.corrupt.push(finding(&path, None, "manifest fails its checksum")),
+            Some(_) => report.notes.push(finding(&path, None, "manifest copy fails its checksum (another is sound)")),
         }
-    };
+    }
+    let seed = seed.map(|s| s.1);
+    if seed.is_none() {
+        report.notes.push(finding(&dirs[0], None, "no sound manifest: hint files cannot be compared"));
+    }
 
     // Every volume and hint file, by slot.
-    let mut volumes: Vec<(usize, File, u64, VolumeHeader)> = Vec::new();
-    let mut hints: Vec<usize> = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::io("listing the data directory", e))?;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(slot) = slot_of_file_name(&name) else { continue };
-        let path = entry.path();
-        if name.ends_with(".hint") {
-            hints.push(slot);
-            continue;
-        }
-        let file = File::open(&path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-        let len = file.metadata().map_err(|e| Error::io("reading a volume's length", e))?.len();
-        let mut hb = [0u8; VOLUME_HEADER_LEN as usize];
-        let n = io::read_at_most(&file, &mut hb, 0).map_err(|e| Error::io("reading a volume header", e))?;
-        match VolumeHeader::decode(&hb[..n]) {
-            Some(h) if h.slot as usize == slot => volumes.push((slot, file, len, h)),
-            Some(_) => report.notes.push(finding(&path, Some(0), "volume header names another slot")),
-            None if len < VOLUME_HEADER_LEN => {
-                report.notes.push(finding(&path, None, "empty volume (a slot not yet used, or reset)"))
+    let mut volumes: Vec<(PathBuf, usize, File, u64, VolumeHeader)> = Vec::new();
+    let mut hints: Vec<(PathBuf, usize)> = Vec::new();
+    for dir in dirs {
+        let dir_id = crate::dirs::DirId::load(dir).map(|d| d.dir_id);
+        let entries = std::fs::read_dir(dir).map_err(|e| Error::io("listing the data directory", e))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(slot) = slot_of_file_name(&name) else { continue };
+            let path = entry.path();
+            if name.ends_with(".hint") {
+                hints.push((dir.clone(), slot));
+                continue;
             }
-            None => report.corrupt.push(finding(&path, Some(0), "volume header fails its checksum")),
+            let file = File::open(&path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+            let len = file.metadata().map_err(|e| Error::io("reading a volume's length", e))?.len();
+            let mut hb = [0u8; VOLUME_HEADER_LEN as usize];
+            let n = io::read_at_most(&file, &mut hb, 0).map_err(|e| Error::io("reading a volume header", e))?;
+            match VolumeHeader::decode(&hb[..n]) {
+                Some(h) if h.slot as usize != slot => {
+                    report.notes.push(finding(&path, Some(0), "volume header names another slot"))
+                }
+                Some(h) if dir_id.is_some_and(|id| id != h.dir_id) => {
+                    report.notes.push(finding(&path, Some(0), "volume header names another data directory"))
+                }
+                Some(h) => volumes.push((dir.clone(), slot, file, len, h)),
+                None if len < VOLUME_HEADER_LEN => {
+                    report.notes.push(finding(&path, None, "empty volume (a slot not yet used, or reset)"))
+                }
+                None => report.corrupt.push(finding(&path, Some(0), "volume header fails its checksum")),
+            }
         }
     }
-    volumes.sort_by_key(|v| v.3.sequence);
-    hints.retain(|slot| !volumes.iter().any(|v| v.0 == *slot));
-    for slot in hints {
-        report.hint_mismatches.push(finding(&hint_path(dir, slot), None, "hint file without a volume"));
+    volumes.sort_by_key(|v| v.4.sequence);
+    // A slot's older copy in another directory (left where a reset failed) is not its volume.
+    let mut i = 0;
+    while i < volumes.len() {
+        if volumes[i + 1..].iter().any(|v| v.1 == volumes[i].1) {
+            let old = volumes.remove(i);
+            let what = "older copy of a slot whose newer volume is in another directory; the server empties it";
+            report.notes.push(finding(&volume_path(&old.0, old.1), Some(0), what));
+        } else {
+            i += 1;
+        }
     }
-    progress.bytes_total.store(volumes.iter().map(|v| v.2).sum(), Ordering::Relaxed);
+    hints.retain(|(dir, slot)| !volumes.iter().any(|v| v.0 == *dir && v.1 == *slot));
+    for (dir, slot) in hints {
+        report.hint_mismatches.push(finding(&hint_path(&dir, slot), None, "hint file without a volume"));
+    }
+    progress.bytes_total.store(volumes.iter().map(|v| v.3).sum(), Ordering::Relaxed);
 
     let count = volumes.len();
-    for (i, (slot, file, len, vh)) in volumes.iter().enumerate() {
+    for (i, (dir, slot, file, len, vh)) in volumes.iter().enumerate() {
         let is_active = i + 1 == count;
         check_volume(dir, *slot, file, *len, vh, is_active, seed, &mut report, progress)
             .map_err(|e| Error::io(format!("reading {}", volume_path(dir, *slot).display()), e))?;
@@ -144,6 +178,7 @@ pub fn check_dir(dir: &Path, progress: &CheckProgress) -> Result<CheckReport> {
         report.bytes += len;
         progress.bytes_done.store(report.bytes, Ordering::Relaxed);
     }
+    drop(locks);
     Ok(report)
 }
 

@@ -207,3 +207,23 @@ pub fn lower_thread_priority() {
         libc::setpriority(libc::PRIO_PROCESS, 0, 10);
     }
 }
+
+/// The filesystem `path` is on (its device number) and the bytes free on it for an
+/// unprivileged writer, for placing volumes by utilization.
+pub fn free_space(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path)?.dev();
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c` is a NUL-terminated path and `st` is large enough for the answer.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statvfs succeeded, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    // The field types differ between platforms.
+    #[allow(clippy::unnecessary_cast)]
+    let free = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
+    Ok((dev, free))
+}

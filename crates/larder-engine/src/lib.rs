@@ -14,6 +14,7 @@
 //! ```
 
 pub mod check;
+pub mod dirs;
 mod error;
 pub mod faults;
 mod flight;
@@ -33,4 +34,6 @@ pub use error::{Error, ErrorKind, Result};
 pub use memory::{Eviction, MemoryConfig};
 pub use ops::{unmet, ByteRange, Part, Precondition, PutOptions, Version};
 pub use recovery::{RecoveryProgress, RecoveryReport};
-pub use store::{now_ms, FsyncPolicy, Position, Stats, Store, StoreConfig, Stored, Tier, Value, MIN_VOLUME_SIZE};
+pub use store::{
+    now_ms, DirState, DirStats, FsyncPolicy, Position, Stats, Store, StoreConfig, Stored, Tier, Value, MIN_VOLUME_SIZE,
+};

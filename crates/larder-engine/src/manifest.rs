@@ -1,80 +1,230 @@
-//! The manifest: the data directory's identity (format version, directory id, key-hash seed)
-//! and the ring's shape. Rewritten atomically (temporary file, fsync, rename, directory fsync).
+//! The manifest: the store's identity (store id, key-hash seed), the ring's shape, and where
+//! each volume lives: a table of the data directories (by id) and, per ring slot, the
+//! directory holding it and the sequence it was started with.
 //!
-//! The active slot it records is advisory: volume headers carry a sequence number, and
-//! recovery takes the volume with the highest sequence as the active one, so a crash between
-//! a rotation and a manifest update costs nothing.
+//! Every data directory holds a copy, rewritten atomically (temporary file, fsync, rename,
+//! directory fsync); each save raises an epoch and the copy with the highest epoch wins, so
+//! losing one directory loses no knowledge of the others. Paths in the table are only what
+//! each directory was last seen as, for messages: directories are told apart by the id in
+//! their `DIR-ID` file, so reordering `--data-dir` flags never misreads data.
+//!
+//! With one directory the active slot is advisory: volume headers carry a sequence number and
+//! recovery takes the highest as the active volume. With several, the slot table is written
+//! before each volume is started, so that a directory that goes missing is known to have held
+//! exactly the volumes the table names.
 
 use crate::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// Manifest format version written by this build.
-pub const MANIFEST_VERSION: u32 = 1;
+/// Manifest format version written by this build (1 = one directory, 64 bytes, still read).
+pub const MANIFEST_VERSION: u32 = 2;
 const MAGIC: &[u8; 8] = b"LARDMANI";
-const LEN: usize = 64;
-/// File name of the manifest inside the data directory.
+const V1_LEN: usize = 64;
+const FIXED_LEN: usize = 64;
+/// File name of the manifest inside each data directory.
 pub const FILE_NAME: &str = "MANIFEST";
+/// `SlotEntry::dir` of a slot that has never held a volume.
+pub const NO_DIR: u16 = u16::MAX;
+const MAX_PATH: usize = 4096;
+
+/// A data directory the store knows of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// The id in the directory's `DIR-ID` file (and in its volumes' headers).
+    pub id: [u8; 16],
+    /// Where it was last seen; for messages only.
+    pub path: PathBuf,
+}
+
+/// Where a ring slot's current volume lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotEntry {
+    /// Index into the directory table, or [`NO_DIR`].
+    pub dir: u16,
+    /// The sequence the volume was started with (0 when unknown).
+    pub sequence: u64,
+}
+
+impl SlotEntry {
+    const NONE: SlotEntry = SlotEntry { dir: NO_DIR, sequence: 0 };
+}
 
 /// The decoded manifest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Manifest {
-    /// Random id of this data directory, written into every volume header.
-    pub dir_id: [u8; 16],
+    /// Random id of the store, written into every directory's `DIR-ID` file, so that a
+    /// directory of another store is never taken for one of this store's.
+    pub store_id: [u8; 16],
     /// Seed of the key hash; hint files store hashes made with it.
     pub hash_seed: u64,
-    /// Volume size the directory was last opened with.
+    /// Volume size the store was last opened with.
     pub volume_size: u64,
-    /// Volume count the directory was last opened with.
+    /// Volume count the store was last opened with.
     pub volume_count: u32,
-    /// Slot being written when the manifest was last saved (advisory).
+    /// Slot being written when the manifest was last saved.
     pub active_slot: u32,
+    /// Raised by every save; the copy with the highest epoch is the current one.
+    pub epoch: u64,
+    /// The data directories, as the slot table refers to them.
+    pub dirs: Vec<DirEntry>,
+    /// One entry per ring slot (at most `volume_count`; missing ones are [`SlotEntry::NONE`]).
+    pub slots: Vec<SlotEntry>,
 }
 
 impl Manifest {
-    /// A new manifest with a fresh random id and seed.
+    /// A new manifest with a fresh random store id and seed, no directories and no volumes.
     pub fn fresh(volume_size: u64, volume_count: u32) -> std::io::Result<Manifest> {
         let mut rnd = [0u8; 24];
         getrandom::fill(&mut rnd).map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(Manifest {
-            dir_id: rnd[..16].try_into().unwrap(),
+            store_id: rnd[..16].try_into().unwrap(),
             hash_seed: u64::from_le_bytes(rnd[16..].try_into().unwrap()),
             volume_size,
             volume_count,
             active_slot: 0,
+            epoch: 0,
+            dirs: Vec::new(),
+            slots: vec![SlotEntry::NONE; volume_count as usize],
         })
     }
 
-    /// Encodes to the 64-byte on-disk form.
-    pub fn encode(&self) -> [u8; LEN] {
-        let mut b = [0u8; LEN];
+    /// The slot entry of `slot` (none if the table is shorter).
+    pub fn slot(&self, slot: usize) -> SlotEntry {
+        self.slots.get(slot).copied().unwrap_or(SlotEntry::NONE)
+    }
+
+    /// The table index of directory `id`, adding it (at `path`) if it is new.
+    pub fn dir_index(&mut self, id: [u8; 16], path: &Path) -> usize {
+        match self.dirs.iter().position(|d| d.id == id) {
+            Some(i) => {
+                self.dirs[i].path = path.to_path_buf();
+                i
+            }
+            None => {
+                self.dirs.push(DirEntry { id, path: path.to_path_buf() });
+                self.dirs.len() - 1
+            }
+        }
+    }
+
+    /// Drops directories no slot refers to (a missing directory is forgotten once the ring
+    /// has moved all of its volumes elsewhere), keeping those in `keep`.
+    pub fn forget_unused_dirs(&mut self, keep: &[[u8; 16]]) {
+        let used: Vec<bool> = (0..self.dirs.len())
+            .map(|i| keep.contains(&self.dirs[i].id) || self.slots.iter().any(|s| s.dir as usize == i))
+            .collect();
+        let mut renumber = vec![NO_DIR; self.dirs.len()];
+        let mut next = 0u16;
+        for (i, &u) in used.iter().enumerate() {
+            if u {
+                renumber[i] = next;
+                next += 1;
+            }
+        }
+        let mut i = 0;
+        self.dirs.retain(|_| {
+            i += 1;
+            used[i - 1]
+        });
+        for s in &mut self.slots {
+            if s.dir != NO_DIR {
+                s.dir = renumber[s.dir as usize];
+            }
+        }
+    }
+
+    /// Encodes to the on-disk form (see docs/FORMAT.md).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; FIXED_LEN];
         b[0..8].copy_from_slice(MAGIC);
         b[8..12].copy_from_slice(&MANIFEST_VERSION.to_le_bytes());
         b[12..16].copy_from_slice(&self.active_slot.to_le_bytes());
-        b[16..32].copy_from_slice(&self.dir_id);
+        b[16..32].copy_from_slice(&self.store_id);
         b[32..40].copy_from_slice(&self.hash_seed.to_le_bytes());
         b[40..48].copy_from_slice(&self.volume_size.to_le_bytes());
         b[48..52].copy_from_slice(&self.volume_count.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..60]);
-        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        b[52..54].copy_from_slice(&(self.dirs.len() as u16).to_le_bytes());
+        b[56..64].copy_from_slice(&self.epoch.to_le_bytes());
+        for d in &self.dirs {
+            let p = d.path.as_os_str().as_encoded_bytes();
+            let p = &p[..p.len().min(MAX_PATH)];
+            b.extend_from_slice(&d.id);
+            b.extend_from_slice(&(p.len() as u16).to_le_bytes());
+            b.extend_from_slice(p);
+        }
+        for i in 0..self.volume_count as usize {
+            let s = self.slot(i);
+            b.extend_from_slice(&s.dir.to_le_bytes());
+            b.extend_from_slice(&s.sequence.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
         b
     }
 
     /// Decodes and verifies; `None` if the bytes are not a sound manifest of a known version.
+    /// A version 1 manifest (one directory, whose id was the manifest's) reads as a store of
+    /// one directory holding every slot.
     pub fn decode(b: &[u8]) -> Option<Manifest> {
-        if b.len() != LEN || &b[0..8] != MAGIC {
+        if b.len() < V1_LEN || &b[0..8] != MAGIC {
             return None;
         }
+        let u16_at = |at: usize| u16::from_le_bytes(b[at..at + 2].try_into().unwrap());
         let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
-        if crc32c::crc32c(&b[..60]) != u32_at(60) || u32_at(8) != MANIFEST_VERSION {
-            return None;
-        }
-        Some(Manifest {
-            active_slot: u32_at(12),
-            dir_id: b[16..32].try_into().unwrap(),
-            hash_seed: u64::from_le_bytes(b[32..40].try_into().unwrap()),
-            volume_size: u64::from_le_bytes(b[40..48].try_into().unwrap()),
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        let mut m = Manifest {
+            store_id: b[16..32].try_into().unwrap(),
+            hash_seed: u64_at(32),
+            volume_size: u64_at(40),
             volume_count: u32_at(48),
-        })
+            active_slot: u32_at(12),
+            epoch: 0,
+            dirs: Vec::new(),
+            slots: Vec::new(),
+        };
+        match u32_at(8) {
+            1 => {
+                if b.len() != V1_LEN || crc32c::crc32c(&b[..60]) != u32_at(60) {
+                    return None;
+                }
+                m.dirs.push(DirEntry { id: m.store_id, path: PathBuf::new() });
+                m.slots = vec![SlotEntry { dir: 0, sequence: 0 }; m.volume_count as usize];
+                Some(m)
+            }
+            MANIFEST_VERSION => {
+                let body = b.len().checked_sub(4)?;
+                if crc32c::crc32c(&b[..body]) != u32_at(body) {
+                    return None;
+                }
+                m.epoch = u64_at(56);
+                let mut at = FIXED_LEN;
+                for _ in 0..u16_at(52) {
+                    if at + 18 > body {
+                        return None;
+                    }
+                    let id = b[at..at + 16].try_into().unwrap();
+                    let len = u16_at(at + 16) as usize;
+                    at += 18;
+                    let p = b.get(at..at + len).filter(|_| at + len <= body)?;
+                    let path = PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(p));
+                    m.dirs.push(DirEntry { id, path });
+                    at += len;
+                }
+                for _ in 0..m.volume_count {
+                    if at + 10 > body {
+                        return None;
+                    }
+                    let dir = u16_at(at);
+                    if dir != NO_DIR && dir as usize >= m.dirs.len() {
+                        return None;
+                    }
+                    m.slots.push(SlotEntry { dir, sequence: u64_at(at + 2) });
+                    at += 10;
+                }
+                (at == body).then_some(m)
+            }
+            _ => None,
+        }
     }
 
     /// Reads the manifest of `dir`: `Ok(None)` when there is none, `Err` when unreadable.
@@ -96,12 +246,55 @@ impl Manifest {
 mod tests {
     use super::*;
 
+    fn sample() -> Manifest {
+        let mut m = Manifest::fresh(1 << 20, 4).unwrap();
+        m.dir_index([1; 16], Path::new("/srv/a"));
+        m.dir_index([2; 16], Path::new("/srv/b"));
+        m.slots[0] = SlotEntry { dir: 0, sequence: 5 };
+        m.slots[1] = SlotEntry { dir: 1, sequence: 6 };
+        m.epoch = 9;
+        m
+    }
+
     #[test]
     fn round_trip_and_damage() {
-        let m = Manifest::fresh(1 << 20, 4).unwrap();
-        assert_eq!(Manifest::decode(&m.encode()), Some(m));
-        let mut b = m.encode();
-        b[33] ^= 1;
-        assert_eq!(Manifest::decode(&b), None);
+        let m = sample();
+        let b = m.encode();
+        assert_eq!(Manifest::decode(&b), Some(m));
+        for i in 0..b.len() {
+            let mut d = b.clone();
+            d[i] ^= 1;
+            assert_eq!(Manifest::decode(&d), None, "flip at {i}");
+        }
+        assert_eq!(Manifest::decode(&b[..b.len() - 1]), None);
+    }
+
+    #[test]
+    fn version_1_reads_as_one_directory() {
+        let mut b = [0u8; 64];
+        b[0..8].copy_from_slice(MAGIC);
+        b[8..12].copy_from_slice(&1u32.to_le_bytes());
+        b[12..16].copy_from_slice(&2u32.to_le_bytes());
+        b[16..32].copy_from_slice(&[7; 16]);
+        b[32..40].copy_from_slice(&99u64.to_le_bytes());
+        b[40..48].copy_from_slice(&(1u64 << 20).to_le_bytes());
+        b[48..52].copy_from_slice(&3u32.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        let m = Manifest::decode(&b).unwrap();
+        assert_eq!((m.store_id, m.hash_seed, m.active_slot, m.volume_count), ([7; 16], 99, 2, 3));
+        assert_eq!(m.dirs.len(), 1);
+        assert_eq!(m.dirs[0].id, [7; 16]);
+        assert!(m.slots.iter().all(|s| s.dir == 0));
+    }
+
+    #[test]
+    fn unused_directories_are_forgotten() {
+        let mut m = sample();
+        m.dir_index([3; 16], Path::new("/srv/c"));
+        m.slots[0] = SlotEntry { dir: 2, sequence: 7 };
+        m.forget_unused_dirs(&[]);
+        assert_eq!(m.dirs.iter().map(|d| d.id[0]).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!((m.slots[0].dir, m.slots[1].dir), (1, 0));
     }
 }

@@ -225,6 +225,11 @@ pub struct RecoveryReport {
     /// Volumes discarded: damaged headers, outside the ring or larger than a volume, and every
     /// volume older than one of those.
     pub discarded: u64,
+    /// Volumes in data directories that are missing (their keys are misses meanwhile).
+    pub unavailable: u64,
+    /// Volumes left out of the index, but kept, because they are older than a volume in a
+    /// missing directory, which may hold newer values or deletes of their keys.
+    pub withheld: u64,
     /// Sealed volumes loaded from hint files.
     pub hint_loads: u64,
     /// Active volumes loaded from the checkpoint a graceful stop wrote (then 0 scans).
@@ -262,9 +267,13 @@ pub struct RecoveryProgress {
 /// Where the writer continues after recovery.
 pub(crate) struct Recovered {
     pub active: Option<(usize, u64)>,
+    /// Where a new active volume goes when `active` is `None`.
+    pub start_slot: usize,
     pub next_sequence: u64,
     pub unhinted: Vec<usize>,
     pub report: RecoveryReport,
+    /// Volumes are missing or withheld (see [`RecoveryReport::withheld`]).
+    pub degraded: bool,
 }
 
 fn read_volume_header(file: &File) -> std::io::Result<Option<VolumeHeader>> {
@@ -273,38 +282,13 @@ fn read_volume_header(file: &File) -> std::io::Result<Option<VolumeHeader>> {
     Ok(VolumeHeader::decode(&hb[..n]))
 }
 
-/// The directory id of the newest volume in `dir`, so that a lost manifest can be replaced
-/// without disowning the volumes.
-pub(crate) fn newest_dir_id(dir: &Path) -> Option<[u8; 16]> {
-    let mut newest: Option<VolumeHeader> = None;
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
-        if !entry.file_name().to_string_lossy().ends_with(".lrv") {
-            continue;
-        }
-        let Ok(f) = File::open(entry.path()) else { continue };
-        if let Ok(Some(h)) = read_volume_header(&f) {
-            if newest.is_none_or(|n| h.sequence > n.sequence) {
-                newest = Some(h);
-            }
-        }
-    }
-    newest.map(|h| h.dir_id)
-}
-
-/// Removes every hint file: used when the key-hash seed they were made with is gone.
-pub(crate) fn remove_hints(dir: &Path) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)?.flatten() {
-        if entry.file_name().to_string_lossy().ends_with(".hint") {
-            io::remove_if_exists(&entry.path())?;
-        }
-    }
-    Ok(())
-}
-
 /// What recovery found in a slot.
+#[derive(Clone)]
 enum Found {
     /// A sound header and a length within the volume size.
     Valid(VolumeHeader),
+    /// In a directory that is missing; started with this sequence.
+    Unavailable(u64),
     /// Shorter than a header: a reset of the slot was cut short. It held the oldest data of
     /// the ring, which was being evicted anyway.
     Empty,
@@ -312,17 +296,11 @@ enum Found {
     Bad,
 }
 
-/// Replays everything in the data directory into `sh`'s index and slot table.
-///
-/// A volume that must be discarded takes every older volume with it: otherwise an older value
-/// of one of its keys (or a value its tombstone deleted) would come back.
-pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgress) -> Result<Recovered> {
-    let started = std::time::Instant::now();
+/// Removes what an interrupted atomic write left in `dir`, and volumes beyond the ring's
+/// size (raising `keep_from` past them: their keys may have older values in the ring).
+fn remove_strays(sh: &Shared, dir: &Path, keep_from: &mut u64) -> Result<()> {
     let count = sh.slots.len();
-    let mut report = RecoveryReport::default();
-    // Volumes with a sequence below this are discarded.
-    let mut keep_from = 0u64;
-    let read_dir = std::fs::read_dir(&sh.dir).map_err(|e| Error::io("listing the data directory", e))?;
+    let read_dir = std::fs::read_dir(dir).map_err(|e| Error::io("listing the data directory", e))?;
     for entry in read_dir.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.ends_with(".tmp") {
@@ -335,66 +313,134 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
             let f = File::open(entry.path()).map_err(|e| Error::io("opening a volume", e))?;
             let len = f.metadata().map_err(|e| Error::io("reading a volume's length", e))?.len();
             match read_volume_header(&f).map_err(|e| Error::io("reading a volume header", e))? {
-                Some(h) => keep_from = keep_from.max(h.sequence),
-                None if len >= VOLUME_HEADER_LEN => keep_from = u64::MAX,
+                Some(h) => *keep_from = (*keep_from).max(h.sequence),
+                None if len >= VOLUME_HEADER_LEN => *keep_from = u64::MAX,
                 None => {}
             }
             tracing::warn!(slot, "volume beyond --volume-count; removing it with every older volume");
         }
         io::remove_if_exists(&entry.path()).map_err(|e| Error::io("removing an out-of-ring volume", e))?;
     }
+    Ok(())
+}
 
+/// Replays everything in the data directories into `sh`'s index and slot table.
+///
+/// A volume that must be discarded takes every older volume with it: otherwise an older value
+/// of one of its keys (or a value its tombstone deleted) would come back.
+pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgress) -> Result<Recovered> {
+    let started = std::time::Instant::now();
+    let count = sh.slots.len();
+    let mut report = RecoveryReport::default();
+    // Volumes with a sequence below this are discarded.
+    let mut keep_from = 0u64;
+    for dir in sh.dirs.iter().filter(|d| d.present) {
+        remove_strays(sh, &dir.path, &mut keep_from)?;
+    }
+    let manifest = sh.manifest.lock().clone();
+
+    // Each slot's current volume: the newest of its files in the present directories, unless
+    // the manifest places the slot in a missing directory with a newer sequence. Older files
+    // are turns of the slot left behind where a reset failed: emptied.
     let mut states: Vec<Option<Found>> = Vec::with_capacity(count);
     for slot in 0..count {
-        let path = volume_path(&sh.dir, slot);
-        if !path.exists() {
-            io::remove_if_exists(&hint_path(&sh.dir, slot)).map_err(|e| Error::io("removing an orphan hint", e))?;
-            states.push(None);
-            continue;
+        let mut files: Vec<(usize, Found)> = Vec::new();
+        for (d, dir) in sh.dirs.iter().enumerate().filter(|(_, d)| d.present) {
+            let path = volume_path(&dir.path, slot);
+            if !path.exists() {
+                io::remove_if_exists(&hint_path(&dir.path, slot))
+                    .map_err(|e| Error::io("removing an orphan hint", e))?;
+                continue;
+            }
+            let file =
+                OpenOptions::new().read(true).write(true).open(&path).map_err(|e| Error::io("opening a volume", e))?;
+            let len = file.metadata().map_err(|e| Error::io("reading a volume's length", e))?.len();
+            let header = read_volume_header(&file).map_err(|e| Error::io("reading a volume header", e))?;
+            let found = match header {
+                Some(h) if h.slot as usize != slot || h.dir_id != dir.id => {
+                    tracing::warn!(?path, "volume belongs to another slot or data directory; discarding it");
+                    Found::Bad
+                }
+                Some(h) if len > sh.cfg.volume_size => {
+                    tracing::warn!(
+                        ?path,
+                        len,
+                        "volume larger than --volume-size; discarding it with every older volume"
+                    );
+                    keep_from = keep_from.max(h.sequence);
+                    Found::Bad
+                }
+                Some(h) => Found::Valid(h),
+                None if len < VOLUME_HEADER_LEN => Found::Empty,
+                None => {
+                    tracing::warn!(?path, "volume header damaged; discarding it with every older volume");
+                    Found::Bad
+                }
+            };
+            let _ = sh.slots[slot].files[d].set(file);
+            files.push((d, found));
         }
-        let file =
-            OpenOptions::new().read(true).write(true).open(&path).map_err(|e| Error::io("opening a volume", e))?;
-        let len = file.metadata().map_err(|e| Error::io("reading a volume's length", e))?.len();
-        let header = read_volume_header(&file).map_err(|e| Error::io("reading a volume header", e))?;
-        let found = match header {
-            Some(h) if h.slot as usize != slot || h.dir_id != sh.dir_id => {
-                tracing::warn!(?path, "volume belongs to another slot or data directory; discarding it");
-                Found::Bad
-            }
-            Some(h) if len > sh.cfg.volume_size => {
-                tracing::warn!(?path, len, "volume larger than --volume-size; discarding it with every older volume");
-                keep_from = keep_from.max(h.sequence);
-                Found::Bad
-            }
-            Some(h) => Found::Valid(h),
-            None if len < VOLUME_HEADER_LEN => Found::Empty,
-            None => {
-                tracing::warn!(?path, "volume header damaged; discarding it with every older volume");
-                Found::Bad
-            }
+        let entry = manifest.slot(slot);
+        let placed = crate::dirs::placed(entry);
+        let seq_of = |f: &Found| if let Found::Valid(h) = f { h.sequence } else { 0 };
+        let newest = files.iter().filter(|f| matches!(f.1, Found::Valid(_))).max_by_key(|f| seq_of(&f.1));
+        let current = match newest {
+            Some(&(d, Found::Valid(h))) if h.sequence >= entry.sequence => Some((d, Found::Valid(h))),
+            // The file in the directory the manifest names (damaged or empty), if present.
+            _ => match placed {
+                Some(p) if !sh.dirs[p].present => {
+                    report.unavailable += 1;
+                    Some((p, Found::Unavailable(entry.sequence)))
+                }
+                Some(p) => files.iter().find(|f| f.0 == p).map(|&(d, ref f)| (d, f.clone())),
+                None => files.iter().find(|f| !matches!(f.1, Found::Valid(_))).map(|&(d, ref f)| (d, f.clone())),
+            },
         };
-        states.push(Some(found));
-        let _ = sh.slots[slot].file.set(file);
+        for (d, f) in &files {
+            if current.as_ref().is_some_and(|c| c.0 == *d) || matches!(f, Found::Empty) {
+                continue;
+            }
+            tracing::warn!(slot, dir = %sh.dirs[*d].path.display(), "older copy of a volume left behind; emptying it");
+            let file = sh.slots[slot].files[*d].get().expect("opened above");
+            io::set_len(file, 0).map_err(|e| Error::io("emptying a stale volume", e))?;
+            io::remove_if_exists(&hint_path(&sh.dirs[*d].path, slot)).map_err(|e| Error::io("removing a hint", e))?;
+        }
+        if let Some((d, _)) = &current {
+            sh.slots[slot].dir.store(*d as u32, Ordering::Release);
+        }
+        states.push(current.map(|c| c.1));
     }
-    let newest =
-        states.iter().flatten().filter_map(|f| if let Found::Valid(h) = f { Some(h.sequence) } else { None }).max();
+    let seq = |f: &Found| match f {
+        Found::Valid(h) => Some(h.sequence),
+        Found::Unavailable(s) => Some(*s),
+        _ => None,
+    };
+    let newest = states.iter().flatten().filter_map(seq).max();
     for d in 0..count {
         if !matches!(states[d], Some(Found::Bad)) {
             continue;
         }
         // The ring always moves to the next slot, so a bad volume is one newer than its
         // predecessor in the ring, unless that predecessor is the newest (then it was oldest).
-        match &states[(d + count - 1) % count] {
-            Some(Found::Valid(p)) if Some(p.sequence) == newest => {}
-            Some(Found::Valid(p)) => keep_from = keep_from.max(p.sequence + 1),
-            _ => keep_from = keep_from.max(newest.unwrap_or(u64::MAX)),
+        match states[(d + count - 1) % count].as_ref().and_then(seq) {
+            Some(p) if Some(p) == newest => {}
+            Some(p) => keep_from = keep_from.max(p + 1),
+            None => keep_from = keep_from.max(newest.unwrap_or(u64::MAX)),
         }
     }
+    // Volumes older than the newest one in a missing directory may hold values that one
+    // replaced or deleted: they stay on disk but out of the index until it returns.
+    let withhold_below = states
+        .iter()
+        .flatten()
+        .filter_map(|f| if let Found::Unavailable(s) = f { Some(s + 1) } else { None })
+        .max()
+        .unwrap_or(0);
 
     let mut found: Vec<VolumeHeader> = Vec::new();
     for (slot, state) in states.iter().enumerate() {
         let keep = match state {
-            None => continue,
+            None | Some(Found::Unavailable(_)) => continue,
             Some(Found::Valid(h)) if h.sequence >= keep_from => {
                 found.push(*h);
                 true
@@ -408,15 +454,43 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
         if !keep {
             // Nothing here can be served: reclaim the space; the slot starts afresh when the
             // ring reaches it.
-            let file = sh.slots[slot].file.get().expect("opened above");
-            io::set_len(file, 0).map_err(|e| Error::io("emptying a discarded volume", e))?;
-            io::remove_if_exists(&hint_path(&sh.dir, slot)).map_err(|e| Error::io("removing a hint", e))?;
+            let s = &sh.slots[slot];
+            let dir = &sh.dirs[s.dir().expect("set above")];
+            io::set_len(s.file().expect("opened above"), 0).map_err(|e| Error::io("emptying a discarded volume", e))?;
+            io::remove_if_exists(&hint_path(&dir.path, slot)).map_err(|e| Error::io("removing a hint", e))?;
+            s.dir.store(crate::store::NO_DIR, Ordering::Release);
         }
     }
     if report.discarded > 0 {
         tracing::warn!(volumes = report.discarded, "discarded volumes; their keys are misses");
     }
     found.sort_by_key(|h| h.sequence);
+    // The newest volume of all, wherever it is: the ring continues after it.
+    let newest_slot = states
+        .iter()
+        .enumerate()
+        .filter_map(|(slot, f)| Some((f.as_ref().and_then(seq)?, slot)))
+        .filter(|&(s, _)| s >= keep_from)
+        .max()
+        .map(|(_, slot)| slot);
+    let max_sequence = manifest.slots.iter().map(|e| e.sequence).chain(found.iter().map(|h| h.sequence)).max();
+    let dir_of = |slot: usize| &sh.dirs[sh.slots[slot].dir().expect("placed above")].path;
+    let withheld = found.iter().take_while(|h| h.sequence < withhold_below).count();
+    for vh in found.drain(..withheld) {
+        let s = &sh.slots[vh.slot as usize];
+        s.generation.store(vh.generation, Ordering::Release);
+        s.salt.store(vh.salt, Ordering::Release);
+        s.sequence.store(vh.sequence, Ordering::Relaxed);
+        let len = s.file().expect("opened above").metadata().map_err(|e| Error::io("reading a volume's length", e))?;
+        s.len.store(len.len(), Ordering::Relaxed);
+        report.withheld += 1;
+    }
+    if report.withheld > 0 {
+        tracing::error!(
+            volumes = report.withheld,
+            "volumes older than one in a missing directory are left out of the index until it returns"
+        );
+    }
     report.volumes = found.len() as u64;
 
     // The work ahead, for progress reports: a hint's bytes where one exists, else the volume's.
@@ -425,8 +499,8 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
         .iter()
         .map(|vh| {
             let slot = vh.slot as usize;
-            let hint = hints_trusted.then(|| std::fs::metadata(hint_path(&sh.dir, slot)).ok()).flatten();
-            let volume = || sh.slots[slot].file.get().and_then(|f| f.metadata().ok());
+            let hint = hints_trusted.then(|| std::fs::metadata(hint_path(dir_of(slot), slot)).ok()).flatten();
+            let volume = || sh.slots[slot].file().and_then(|f| f.metadata().ok());
             hint.or_else(volume).map_or(0, |m| m.len())
         })
         .collect();
@@ -444,12 +518,12 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
         s.generation.store(vh.generation, Ordering::Release);
         s.salt.store(vh.salt, Ordering::Release);
         s.sequence.store(vh.sequence, Ordering::Relaxed);
-        let file = s.file.get().expect("opened above");
+        let file = s.file().expect("opened above");
         let file_len = file.metadata().map_err(|e| Error::io("reading a volume's length", e))?.len();
         // A hint covers the whole volume (sealed) or what was written before a graceful stop
         // (the active volume's checkpoint); only the records after it are scanned.
         let mut scan_from = VOLUME_HEADER_LEN;
-        let hint_bytes = if hints_trusted { std::fs::read(hint_path(&sh.dir, slot)).ok() } else { None };
+        let hint_bytes = if hints_trusted { std::fs::read(hint_path(dir_of(slot), slot)).ok() } else { None };
         if let Some(bytes) = &hint_bytes {
             match hint::Hint::open(bytes, vh, file_len) {
                 Some(h) => {
@@ -538,7 +612,12 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
         }
     }
     report.millis = started.elapsed().as_millis() as u64;
-    Ok(Recovered { active, next_sequence: found.last().map_or(1, |h| h.sequence + 1), unhinted, report })
+    let degraded = report.unavailable > 0 || report.withheld > 0;
+    // A new store starts at slot 0; otherwise, when the newest volume is missing, the ring
+    // goes on after it.
+    let start_slot = newest_slot.map_or(0, |s| (s + 1) % count);
+    let next_sequence = max_sequence.map_or(1, |s| s + 1);
+    Ok(Recovered { active, start_slot, next_sequence, unhinted, report, degraded })
 }
 
 /// Applies a hint's entries to the index, in chunks: each chunk is sorted by index shard

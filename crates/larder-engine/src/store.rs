@@ -11,6 +11,7 @@
 //! covers it; concurrent writers share one fdatasync (group commit: the first waiter syncs
 //! on behalf of everyone who appended before it started).
 
+use crate::dirs::{self, DataDir};
 use crate::flight::{Flights, Found, Join};
 use crate::index::{Index, Loc, MAX_HITS, MAX_SLOTS, MAX_VOLUME_SIZE, TAG_MASK};
 use crate::memory::{Cached, Memory, MemoryConfig};
@@ -43,8 +44,12 @@ pub enum FsyncPolicy {
 /// How to open a store.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
-    /// Data directory (created if missing).
-    pub dir: PathBuf,
+    /// Data directories (created if missing), one per disk: the ring of volumes spans them.
+    /// Their order does not matter.
+    pub dirs: Vec<PathBuf>,
+    /// Refuse to open when a directory the store had is missing, instead of opening without
+    /// it (degraded).
+    pub strict_dirs: bool,
     /// Bytes per volume file.
     pub volume_size: u64,
     /// Volume slots in the ring.
@@ -66,7 +71,8 @@ impl StoreConfig {
     /// A configuration with the server's defaults for `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> StoreConfig {
         StoreConfig {
-            dir: dir.into(),
+            dirs: vec![dir.into()],
+            strict_dirs: false,
             volume_size: 1 << 30,
             volume_count: 16,
             max_value_size: 1 << 20,
@@ -247,6 +253,50 @@ pub struct Stats {
     pub read_failures: u64,
     /// What the last recovery found.
     pub recovery: RecoveryReport,
+    /// Opened without a data directory that held volumes (or with volumes withheld).
+    pub degraded: bool,
+    /// Each data directory, in the manifest's order.
+    pub dirs: Vec<DirStats>,
+}
+
+/// The state of one data directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirState {
+    /// Serving and taking new volumes.
+    #[default]
+    Ok,
+    /// A write, sync or volume creation failed in it: no new volumes go there.
+    Failed,
+    /// It was not there at start; its volumes are unavailable.
+    Missing,
+}
+
+impl DirState {
+    /// `ok`, `failed` or `missing`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DirState::Ok => "ok",
+            DirState::Failed => "failed",
+            DirState::Missing => "missing",
+        }
+    }
+}
+
+/// Figures of one data directory.
+#[derive(Debug, Clone, Default)]
+pub struct DirStats {
+    /// Where it is (for a missing one, where it was last seen).
+    pub path: PathBuf,
+    /// Its id (hex), as in its `DIR-ID` file.
+    pub id: String,
+    /// Whether it serves.
+    pub state: DirState,
+    /// Volumes it holds.
+    pub volumes: u64,
+    /// Bytes of those volumes.
+    pub bytes_used: u64,
+    /// Free bytes on its filesystem (0 when unknown).
+    pub free_bytes: u64,
 }
 
 #[derive(Default)]
@@ -274,7 +324,11 @@ struct Counters {
 }
 
 pub(crate) struct SlotState {
-    pub file: OnceLock<File>,
+    /// The slot's volume file in each data directory it has been placed in (a file stays
+    /// open, emptied, after the slot moves on, so that moving back needs no new handle).
+    pub files: Box<[OnceLock<File>]>,
+    /// The directory holding the current generation ([`NO_DIR`] = none yet).
+    pub dir: AtomicU32,
     /// Current generation; 0 = the slot holds no data yet.
     pub generation: AtomicU32,
     /// Checksum salt of the current generation's records.
@@ -282,6 +336,22 @@ pub(crate) struct SlotState {
     pub sequence: AtomicU64,
     /// Bytes in the file (header and records).
     pub len: AtomicU64,
+}
+
+/// `SlotState::dir` of a slot that holds no volume.
+pub(crate) const NO_DIR: u32 = u32::MAX;
+
+impl SlotState {
+    /// The file of the current generation, if the slot has one.
+    pub fn file(&self) -> Option<&File> {
+        self.files.get(self.dir.load(Ordering::Acquire) as usize)?.get()
+    }
+
+    /// The directory of the current generation.
+    pub fn dir(&self) -> Option<usize> {
+        let d = self.dir.load(Ordering::Acquire);
+        (d != NO_DIR).then_some(d as usize)
+    }
 }
 
 struct Writer {
@@ -301,6 +371,8 @@ struct Writer {
     last_stamp: u64,
     /// Set by `close`: no record is appended after the checkpoint is taken.
     closed: bool,
+    /// Round-robin cursor of placement among equally used directories.
+    cursor: usize,
 }
 
 impl Writer {
@@ -354,17 +426,19 @@ enum Job {
     /// Answers once every job queued before it has run.
     Barrier(mpsc::Sender<()>),
     Sweep,
-    Manifest {
-        active: usize,
-    },
+    /// Saves the manifest (with one directory, its updates are not waited for).
+    Manifest,
 }
 
 pub(crate) struct Shared {
-    pub dir: PathBuf,
     pub cfg: StoreConfig,
     pub seed: u64,
-    pub dir_id: [u8; 16],
-    manifest: Mutex<Manifest>,
+    /// The data directories, indexed as in the manifest's table.
+    pub dirs: Vec<DataDir>,
+    /// Opened without a directory that held volumes, or with volumes left out of the index:
+    /// keys may have older records there, so deletes always write a tombstone.
+    pub degraded: bool,
+    pub manifest: Mutex<Manifest>,
     pub index: Index,
     memory: Option<Memory>,
     flights: Flights,
@@ -377,7 +451,6 @@ pub(crate) struct Shared {
     stop_cv: Condvar,
     counters: Counters,
     recovery: RecoveryReport,
-    _lock: File,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -418,7 +491,7 @@ impl Shared {
     /// A read that fails is an error, not an absence: a DELETE must not answer "not found"
     /// for a key whose record it could not read.
     fn header_at(&self, loc: Loc, key: &[u8]) -> Result<Option<Header>> {
-        let (Some(g), Some(file)) = (self.live_generation(loc), self.slots[loc.slot as usize].file.get()) else {
+        let (Some(g), Some(file)) = (self.live_generation(loc), self.slots[loc.slot as usize].file()) else {
             return Ok(None);
         };
         let salt = self.slots[loc.slot as usize].salt.load(Ordering::Acquire);
@@ -444,8 +517,9 @@ impl Shared {
         }
     }
 
-    /// Starts a new generation of `slot`: its old records become unreachable at once.
-    fn start_volume(&self, slot: usize, sequence: u64) -> Result<()> {
+    /// Starts a new generation of `slot`: its old records become unreachable at once, its old
+    /// file is emptied, and the new volume is placed on the least utilized usable directory.
+    fn start_volume(&self, slot: usize, sequence: u64, cursor: &mut usize) -> Result<()> {
         let s = &self.slots[slot];
         let generation = s.generation.load(Ordering::Relaxed).wrapping_add(1).max(1);
         if s.len.load(Ordering::Relaxed) > VOLUME_HEADER_LEN {
@@ -458,32 +532,129 @@ impl Shared {
         // salt changes after it, so a reader that saw the old generation fails its checksum.
         s.generation.store(generation, Ordering::Release);
         s.salt.store(salt, Ordering::Release);
-        io::remove_if_exists(&hint_path(&self.dir, slot)).map_err(|e| Error::io("removing a hint file", e))?;
-        let created = s.file.get().is_none();
+        // Free the old volume's space first, so that placement sees it free. In a failed
+        // directory this may not work: recovery then finds two files of the slot and keeps
+        // the one with the higher sequence.
+        if let (Some(d), Some(file)) = (s.dir(), s.file()) {
+            let dir = &self.dirs[d];
+            let reset = io::remove_if_exists(&hint_path(&dir.path, slot))
+                .map_err(|e| Error::io("removing a hint file", e))
+                .and_then(|()| io::set_len(file, 0).map_err(|e| Error::io("resetting a volume", e)));
+            if let Err(e) = reset {
+                dir.fail(&e);
+                if !self.another_usable(d) {
+                    return Err(e);
+                }
+            }
+        }
+        s.len.store(0, Ordering::Relaxed);
+        let mut last_err = None;
+        for _ in 0..self.dirs.len() {
+            let Some(d) = self.place(cursor) else { break };
+            match self.create_volume(slot, d, generation, sequence, salt) {
+                Ok(()) => {
+                    s.sequence.store(sequence, Ordering::Relaxed);
+                    s.len.store(VOLUME_HEADER_LEN, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.dirs[d].fail(&e);
+                    let retry = self.another_usable(d);
+                    last_err = Some(e);
+                    if !retry {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(last_err.unwrap_or_else(|| Error::new(ErrorKind::Io, "no data directory is usable")))
+    }
+
+    /// Whether a usable directory other than `d` exists (a write that failed in `d` can go
+    /// there).
+    fn another_usable(&self, d: usize) -> bool {
+        self.dirs.iter().enumerate().any(|(i, x)| i != d && x.usable())
+    }
+
+    /// The directory for a new volume: the usable one with the lowest utilization (see
+    /// [`dirs::choose`]); if none is usable, a failed one, which may have recovered.
+    fn place(&self, cursor: &mut usize) -> Option<usize> {
+        let mut used = vec![0u64; self.dirs.len()];
+        for s in self.slots.iter() {
+            if let Some(d) = s.dir() {
+                used[d] += s.len.load(Ordering::Relaxed);
+            }
+        }
+        let any_usable = self.dirs.iter().any(|d| d.usable());
+        let mut free_by_dev: Vec<(u64, u64)> = Vec::new();
+        let mut cands = Vec::new();
+        for (i, d) in self.dirs.iter().enumerate() {
+            if !d.present || (any_usable && !d.usable()) {
+                continue;
+            }
+            // Directories on one filesystem share one reading, so that they compare exactly.
+            let free = match io::free_space(&d.path) {
+                Ok((dev, free)) => match free_by_dev.iter().find(|f| f.0 == dev) {
+                    Some(f) => f.1,
+                    None => {
+                        free_by_dev.push((dev, free));
+                        free
+                    }
+                },
+                Err(e) => {
+                    d.fail(&e);
+                    if any_usable {
+                        continue;
+                    }
+                    0
+                }
+            };
+            cands.push(dirs::Candidate { dir: i, used: used[i], free });
+        }
+        let d = dirs::choose(&cands, *cursor)?;
+        *cursor = d + 1;
+        Some(d)
+    }
+
+    /// Records `slot`'s new volume in the manifest, then creates it in directory `d`.
+    fn create_volume(&self, slot: usize, d: usize, generation: u32, sequence: u64, salt: u32) -> Result<()> {
+        let s = &self.slots[slot];
+        let dir = &self.dirs[d];
+        {
+            let mut m = self.manifest.lock();
+            m.slots[slot] = crate::manifest::SlotEntry { dir: d as u16, sequence };
+            m.active_slot = slot as u32;
+            // With several directories the manifest must name the volume's directory before
+            // the volume exists: if that directory goes missing, recovery knows what it held.
+            if self.dirs.len() > 1 {
+                dirs::save_manifest(&mut m, &self.dirs)?;
+            } else {
+                self.send(Job::Manifest);
+            }
+        }
+        io::remove_if_exists(&hint_path(&dir.path, slot)).map_err(|e| Error::io("removing a hint file", e))?;
+        let created = s.files[d].get().is_none();
         if created {
             let f = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(false)
-                .open(volume_path(&self.dir, slot))
+                .open(volume_path(&dir.path, slot))
                 .map_err(|e| Error::io("creating a volume", e))?;
-            let _ = s.file.set(f);
+            let _ = s.files[d].set(f);
         }
-        let file = s.file.get().expect("set above");
+        let file = s.files[d].get().expect("set above");
         io::set_len(file, 0).map_err(|e| Error::io("resetting a volume", e))?;
-        s.len.store(0, Ordering::Relaxed);
-        let vh =
-            VolumeHeader { slot: slot as u32, generation, sequence, salt, created_ms: now_ms(), dir_id: self.dir_id };
+        let vh = VolumeHeader { slot: slot as u32, generation, sequence, salt, created_ms: now_ms(), dir_id: dir.id };
         io::write_all_vectored_at(file, &[&vh.encode()], 0).map_err(|e| Error::io("writing a volume header", e))?;
         if self.cfg.fsync != FsyncPolicy::Never {
             io::sync_data(file).map_err(|e| Error::io("syncing a volume header", e))?;
             if created {
-                io::sync_dir(&self.dir).map_err(|e| Error::io("syncing the data directory", e))?;
+                io::sync_dir(&dir.path).map_err(|e| Error::io("syncing the data directory", e))?;
             }
         }
-        s.sequence.store(sequence, Ordering::Relaxed);
-        s.len.store(VOLUME_HEADER_LEN, Ordering::Relaxed);
+        s.dir.store(d as u32, Ordering::Release);
         Ok(())
     }
 
@@ -491,7 +662,8 @@ impl Shared {
     fn rotate(&self, w: &mut Writer) -> Result<()> {
         let old = w.active;
         let next = (old + 1) % self.slots.len();
-        self.start_volume(next, w.next_sequence)?;
+        let sequence = w.next_sequence;
+        self.start_volume(next, sequence, &mut w.cursor)?;
         w.next_sequence += 1;
         // The slot after the new active one is the next to be overwritten: copy its hot
         // entries forward while the new volume fills.
@@ -519,7 +691,6 @@ impl Shared {
         w.offset = VOLUME_HEADER_LEN;
         self.counters.rotations.fetch_add(1, Ordering::Relaxed);
         self.send(Job::Sweep);
-        self.send(Job::Manifest { active: next });
         Ok(())
     }
 
@@ -534,11 +705,23 @@ impl Shared {
         value: &[u8],
         value_crc: u32,
     ) -> Result<(Position, Loc)> {
+        let dir = self.slots[w.active].dir();
         match self.write_record(w, header, key, meta, value, value_crc) {
-            // The device is full but the ring's next slot holds older data: turn the ring
-            // now, as it would turn later anyway; emptying that slot makes the room.
-            Err(e) if e.kind() == ErrorKind::NoSpace && w.offset > VOLUME_HEADER_LEN && self.next_holds_data(w) => {
-                tracing::warn!(slot = w.active, "device full: turning the ring early to free the oldest volume");
+            // The device is full but the ring's next slot holds older data, or another
+            // directory may have room: turn the ring now, as it would turn later anyway;
+            // emptying that slot, or placing the next volume elsewhere, makes the room.
+            Err(e)
+                if e.kind() == ErrorKind::NoSpace
+                    && w.offset > VOLUME_HEADER_LEN
+                    && (self.next_holds_data(w) || dir.is_some_and(|d| self.another_usable(d))) =>
+            {
+                tracing::warn!(slot = w.active, "device full: turning the ring early");
+                self.rotate(w)?;
+                self.write_record(w, header, key, meta, value, value_crc)
+            }
+            // The directory failed: the write goes to a new volume in another one.
+            Err(e) if e.kind() == ErrorKind::Io && !w.closed && dir.is_some_and(|d| self.another_usable(d)) => {
+                tracing::warn!(slot = w.active, error = %e, "write failed: moving on to a volume in another directory");
                 self.rotate(w)?;
                 self.write_record(w, header, key, meta, value, value_crc)
             }
@@ -550,6 +733,13 @@ impl Shared {
     fn next_holds_data(&self, w: &Writer) -> bool {
         let next = (w.active + 1) % self.slots.len();
         next != w.active && self.slots[next].len.load(Ordering::Relaxed) > VOLUME_HEADER_LEN
+    }
+
+    /// Marks the directory of `slot` failed.
+    fn fail_dir_of(&self, slot: usize, why: &dyn std::fmt::Display) {
+        if let Some(d) = self.slots[slot].dir() {
+            self.dirs[d].fail(why);
+        }
     }
 
     /// Writes one record at the writer's offset, turning the ring first if it does not fit.
@@ -567,7 +757,10 @@ impl Shared {
         }
         let record_len = (HEADER_LEN + key.len() + meta.len() + value.len()) as u64;
         let padded = record::padded(record_len);
-        if w.offset + padded > self.cfg.volume_size {
+        // A volume in a directory that failed (a write or sync there did) takes no more
+        // records when another directory can.
+        let failed = self.slots[w.active].dir().is_some_and(|d| !self.dirs[d].usable() && self.another_usable(d));
+        if w.offset + padded > self.cfg.volume_size || (failed && w.offset > VOLUME_HEADER_LEN) {
             self.rotate(w)?;
         }
         let slot = w.active;
@@ -578,7 +771,7 @@ impl Shared {
         prefix.clear();
         record::encode_prefix(&mut prefix, &header, key, meta, value.len(), value_crc, salt);
         let pad = &ZEROS[..(padded - record_len) as usize];
-        let file = self.slots[slot].file.get().expect("active volume is open");
+        let file = self.slots[slot].file().expect("active volume is open");
         let res = io::write_all_vectored_at(file, &[&prefix, value, pad], w.offset);
         w.prefix = prefix;
         // On failure the offset does not move and whatever part of the record reached the file
@@ -586,7 +779,11 @@ impl Shared {
         if let Err(e) = res {
             let _ = io::set_len(file, w.offset);
             self.counters.write_failures.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::io("writing a record", e));
+            let e = Error::io("writing a record", e);
+            if e.kind() == ErrorKind::Io {
+                self.fail_dir_of(slot, &e);
+            }
+            return Err(e);
         }
         let loc = self.loc(slot, generation, w.offset, record_len);
         let pos = Position { volume: slot as u32, offset: w.offset, size: record_len };
@@ -654,12 +851,13 @@ impl Shared {
         slots.dedup();
         let mut result = Ok(());
         for &slot in &slots {
-            if let Some(f) = self.slots[slot].file.get() {
+            if let Some(f) = self.slots[slot].file() {
                 let started = std::time::Instant::now();
                 let r = io::sync_data(f);
                 // A no-op unless the embedding program installed a `metrics` recorder.
                 metrics::histogram!("larder_fsync_duration_seconds").record(started.elapsed().as_secs_f64());
                 if let Err(e) = r {
+                    self.fail_dir_of(slot, &e);
                     result = Err(e);
                 }
             }
@@ -691,7 +889,8 @@ impl Shared {
 
     fn write_hint(&self, slot: usize, generation: u32, sequence: u64, len: u64, through: Option<u64>) -> Result<()> {
         let s = &self.slots[slot];
-        let Some(file) = s.file.get() else { return Ok(()) };
+        let (Some(d), Some(file)) = (s.dir(), s.file()) else { return Ok(()) };
+        let dir = &self.dirs[d];
         let salt = s.salt.load(Ordering::Acquire);
         // The hint is durable once written, so the records it names must be first: else a
         // power cut leaves a hint pointing at bytes that never reached the disk. The sync goes
@@ -706,9 +905,9 @@ impl Shared {
         if s.generation.load(Ordering::Acquire) != generation {
             return Ok(()); // the ring reused the slot meanwhile
         }
-        let vh = VolumeHeader { slot: slot as u32, generation, sequence, salt, created_ms: 0, dir_id: self.dir_id };
+        let vh = VolumeHeader { slot: slot as u32, generation, sequence, salt, created_ms: 0, dir_id: dir.id };
         let bytes = hint::encode(&vh, len, &entries);
-        io::write_atomic(&hint_path(&self.dir, slot), &bytes).map_err(|e| Error::io("writing a hint file", e))?;
+        io::write_atomic(&hint_path(&dir.path, slot), &bytes).map_err(|e| Error::io("writing a hint file", e))?;
         self.counters.hints_written.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -730,7 +929,7 @@ impl Shared {
     /// Reads and verifies the record at `loc`.
     fn fetch(&self, hash: u64, loc: Loc, nowait: bool) -> Result<Fetch> {
         let slot = &self.slots[loc.slot as usize];
-        let (Some(generation), Some(file)) = (self.live_generation(loc), slot.file.get()) else {
+        let (Some(generation), Some(file)) = (self.live_generation(loc), slot.file()) else {
             return Ok(Fetch::Gone);
         };
         let salt = slot.salt.load(Ordering::Acquire);
@@ -812,7 +1011,7 @@ impl Shared {
             });
         }
         let slot = &self.slots[loc.slot as usize];
-        let (Some(generation), Some(file)) = (self.live_generation(loc), slot.file.get()) else {
+        let (Some(generation), Some(file)) = (self.live_generation(loc), slot.file()) else {
             return Ok(Got::Gone);
         };
         let salt = slot.salt.load(Ordering::Acquire);
@@ -1039,10 +1238,8 @@ impl Shared {
                 let removed = self.index.retain(|l| self.live_generation(l).is_some());
                 self.counters.evicted_entries.fetch_add(removed, Ordering::Relaxed);
             }
-            Job::Manifest { active } => {
-                let mut m = self.manifest.lock();
-                m.active_slot = active as u32;
-                if let Err(e) = m.save(&self.dir) {
+            Job::Manifest => {
+                if let Err(e) = dirs::save_manifest(&mut self.manifest.lock(), &self.dirs) {
                     tracing::warn!(error = %e, "could not update the manifest");
                 }
             }
@@ -1148,42 +1345,20 @@ impl Store {
                 "values larger than about {fits} bytes do not fit in one volume and will be refused"
             );
         }
-        std::fs::create_dir_all(&cfg.dir).map_err(|e| Error::io(format!("creating {}", cfg.dir.display()), e))?;
-        let lock = File::create(cfg.dir.join("LOCK")).map_err(|e| Error::io("creating the lock file", e))?;
-        if lock.try_lock().is_err() {
-            return Err(Error::new(ErrorKind::Locked, format!("{} is in use by another process", cfg.dir.display())));
+        let opened = dirs::open(&cfg.dirs, cfg.volume_size, cfg.volume_count, cfg.strict_dirs)?;
+        let (mut manifest, dirs, hints_trusted) = (opened.manifest, opened.dirs, opened.hints_trusted);
+        if !hints_trusted {
+            // Hints hold hashes of a seed that is gone.
+            for d in dirs.iter().filter(|d| d.present) {
+                dirs::remove_hints(&d.path).map_err(|e| Error::io("removing stale hint files", e))?;
+            }
         }
-        let loaded = Manifest::load(&cfg.dir).map_err(|e| Error::io("reading the manifest", e))?;
-        let (manifest, hints_trusted) = match loaded {
-            Some(Some(m)) => {
-                if m.volume_size != cfg.volume_size || m.volume_count != cfg.volume_count {
-                    tracing::warn!(
-                        was_size = m.volume_size,
-                        was_count = m.volume_count,
-                        "ring shape changed since the last run; volumes that no longer fit are discarded"
-                    );
-                }
-                (Manifest { volume_size: cfg.volume_size, volume_count: cfg.volume_count, ..m }, true)
-            }
-            found => {
-                if found.is_some() {
-                    tracing::warn!("manifest is damaged; making a new one and scanning every volume");
-                }
-                let mut m = Manifest::fresh(cfg.volume_size, cfg.volume_count)
-                    .map_err(|e| Error::io("generating a directory id", e))?;
-                // Keep the volumes' identity; hints hold hashes of a seed that is gone.
-                if let Some(id) = recovery::newest_dir_id(&cfg.dir) {
-                    m.dir_id = id;
-                }
-                recovery::remove_hints(&cfg.dir).map_err(|e| Error::io("removing stale hint files", e))?;
-                (m, false)
-            }
-        };
         // Saved before any volume is created, so that no volume exists without its manifest.
-        manifest.save(&cfg.dir).map_err(|e| Error::io("writing the manifest", e))?;
+        dirs::save_manifest(&mut manifest, &dirs)?;
         let slots = (0..cfg.volume_count)
             .map(|_| SlotState {
-                file: OnceLock::new(),
+                files: (0..dirs.len()).map(|_| OnceLock::new()).collect(),
+                dir: AtomicU32::new(NO_DIR),
                 generation: AtomicU32::new(0),
                 salt: AtomicU32::new(0),
                 sequence: AtomicU64::new(0),
@@ -1191,9 +1366,9 @@ impl Store {
             })
             .collect();
         let mut shared = Shared {
-            dir: cfg.dir.clone(),
             seed: manifest.hash_seed,
-            dir_id: manifest.dir_id,
+            dirs,
+            degraded: false,
             manifest: Mutex::new(manifest),
             index: Index::new(),
             memory: Memory::new(&cfg.memory),
@@ -1209,6 +1384,7 @@ impl Store {
                 prefix: Vec::new(),
                 last_stamp: 0,
                 closed: false,
+                cursor: 0,
             }),
             durable: Mutex::new(DurableState::default()),
             durable_cv: Condvar::new(),
@@ -1218,23 +1394,32 @@ impl Store {
             counters: Counters::default(),
             recovery: RecoveryReport::default(),
             cfg,
-            _lock: lock,
         };
         let rec = recovery::recover(&shared, hints_trusted, progress)?;
         shared.recovery = rec.report;
+        shared.degraded = rec.degraded;
         let (active, next_sequence) = match rec.active {
             Some(a) => (a, rec.next_sequence),
             None => {
-                shared.start_volume(0, rec.next_sequence)?;
-                ((0, VOLUME_HEADER_LEN), rec.next_sequence + 1)
+                // A new store, or one whose newest volume is in a missing directory: a new
+                // volume in the slot after the newest.
+                let slot = rec.start_slot;
+                let w = shared.writer.get_mut();
+                let mut cursor = w.cursor;
+                shared.start_volume(slot, rec.next_sequence, &mut cursor)?;
+                shared.writer.get_mut().cursor = cursor;
+                ((slot, VOLUME_HEADER_LEN), rec.next_sequence + 1)
             }
         };
         {
             let w = shared.writer.get_mut();
             (w.active, w.offset, w.next_sequence) = (active.0, active.1, next_sequence);
         }
-        shared.manifest.get_mut().active_slot = active.0 as u32;
-        shared.manifest.lock().save(&shared.dir).map_err(|e| Error::io("writing the manifest", e))?;
+        {
+            let m = shared.manifest.get_mut();
+            m.active_slot = active.0 as u32;
+            dirs::save_manifest(m, &shared.dirs)?;
+        }
 
         let shared = Arc::new(shared);
         let (tx, rx) = mpsc::channel();
@@ -1566,7 +1751,7 @@ impl Store {
             return Ok(None);
         }
         let early = if preconditions.is_empty() { None } else { sh.indexed_version(hash, key)? };
-        let (seq, in_memory) = {
+        let (seq, tombstone_only, in_memory) = {
             let need = record::padded((HEADER_LEN + key.len()) as u64);
             let Some(mut w) = self.writer(wait, need) else { return Ok(None) };
             sh.check(hash, key, preconditions, early)?;
@@ -1592,16 +1777,26 @@ impl Store {
                 },
                 None => None,
             };
+            let (seq, tombstone_only) = match seq {
+                // A volume left out of the index (or in a missing directory) may hold the key:
+                // the tombstone keeps it deleted when that volume comes back.
+                None if sh.degraded => {
+                    let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_TOMBSTONE) };
+                    sh.append(&mut w, header, key, b"", b"", crc32c::crc32c(b""))?;
+                    (Some(w.appended), true)
+                }
+                seq => (seq, false),
+            };
             // Memory may hold the key after the ring evicted its record: that counts as
             // present, unless expired. Dropped under the writer lock, so that a conditional
             // write after this delete never finds the value in memory.
             let held = sh.memory.as_ref().and_then(|m| m.take(hash, key));
-            (seq, held.is_some_and(|c| live(c.expiry_ms)))
+            (seq, tombstone_only, held.is_some_and(|c| live(c.expiry_ms)))
         };
         if let (Some(seq), FsyncPolicy::Always) = (seq, sh.cfg.fsync) {
             sh.wait_durable(seq)?;
         }
-        let found = seq.is_some() || in_memory;
+        let found = (seq.is_some() && !tombstone_only) || in_memory;
         if found {
             sh.counters.deletes.fetch_add(1, Ordering::Relaxed);
         }
@@ -1629,7 +1824,7 @@ impl Store {
         let (bytes_used, volumes) = sh
             .slots
             .iter()
-            .filter(|s| s.file.get().is_some())
+            .filter(|s| s.file().is_some())
             .fold((0, 0), |(b, v), s| (b + s.len.load(Ordering::Relaxed), v + 1));
         let (memory_bytes, memory_entries, memory_capacity, admission_tracked) =
             sh.memory.as_ref().map_or((0, 0, 0, 0), |m| m.usage());
@@ -1668,6 +1863,29 @@ impl Store {
             evicted_entries: c.evicted_entries.load(Ordering::Relaxed),
             hints_written: c.hints_written.load(Ordering::Relaxed),
             recovery: sh.recovery,
+            degraded: sh.degraded,
+            dirs: sh
+                .dirs
+                .iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    let here = sh.slots.iter().filter(|s| s.dir() == Some(i) && s.len.load(Ordering::Relaxed) > 0);
+                    let (volumes, bytes_used) =
+                        here.fold((0, 0), |(v, b), s| (v + 1, b + s.len.load(Ordering::Relaxed)));
+                    DirStats {
+                        path: d.path.clone(),
+                        id: dirs::hex(&d.id),
+                        state: match (d.present, d.usable()) {
+                            (false, _) => DirState::Missing,
+                            (true, false) => DirState::Failed,
+                            (true, true) => DirState::Ok,
+                        },
+                        volumes,
+                        bytes_used,
+                        free_bytes: if d.present { io::free_space(&d.path).map_or(0, |f| f.1) } else { 0 },
+                    }
+                })
+                .collect(),
         }
     }
 
@@ -1702,7 +1920,7 @@ impl Store {
         }
         let mut m = sh.manifest.lock();
         m.active_slot = active as u32;
-        m.save(&sh.dir).map_err(|e| Error::io("writing the manifest", e))
+        dirs::save_manifest(&mut m, &sh.dirs)
     }
 }
 

@@ -79,11 +79,12 @@ pub struct StatsArgs {
     pub target: Target,
 }
 
-/// `larder check DATA_DIR`: verify a data directory offline.
+/// `larder check DATA_DIR...`: verify a store's data directories offline.
 #[derive(Args, Debug)]
 pub struct CheckArgs {
-    /// The data directory (the server must be stopped).
-    pub data_dir: PathBuf,
+    /// The data directories, all of one store (the server must be stopped).
+    #[arg(required = true)]
+    pub data_dir: Vec<PathBuf>,
     /// No progress bar even on a terminal.
     #[arg(long)]
     pub quiet: bool,
@@ -294,6 +295,20 @@ fn stats_table(v: &serde_json::Value) -> String {
             vec![
                 ("checksum failures", n("corrupt_reads").to_string()),
                 (
+                    "data directories",
+                    v["dirs"]
+                        .as_array()
+                        .map(|ds| {
+                            let state = |d: &serde_json::Value| d["state"].as_str().unwrap_or("?").to_string();
+                            let line = |d: &serde_json::Value| {
+                                let path = d["path"].as_str().unwrap_or("?");
+                                format!("{path} {} ({})", state(d), human_bytes(d["bytes_used"].as_u64().unwrap_or(0)))
+                            };
+                            ds.iter().map(line).collect::<Vec<_>>().join(", ")
+                        })
+                        .unwrap_or_default(),
+                ),
+                (
                     "failures (write/sync/read)",
                     format!("{} / {} / {}", n("write_failures"), n("sync_failures"), n("read_failures")),
                 ),
@@ -338,7 +353,7 @@ pub fn check(a: CheckArgs) -> i32 {
         b
     });
     let report = std::thread::scope(|s| {
-        let worker = s.spawn(|| check::check_dir(&a.data_dir, &progress));
+        let worker = s.spawn(|| check::check_dirs(&a.data_dir, &progress));
         while !worker.is_finished() {
             if let Some(b) = &bar {
                 b.set_length(progress.bytes_total.load(Ordering::Relaxed));

@@ -70,9 +70,14 @@ pub struct ServeArgs {
     /// TOML configuration file; flags given on the command line override its keys.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Data directory holding the manifest, volume and hint files [default: ./larder-data].
+    /// Data directory holding the manifest, volume and hint files; repeat it for one per disk
+    /// (new volumes go to the least utilized; the order does not matter) [default: ./larder-data].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Vec<PathBuf>,
+    /// Refuse to start when a data directory that held volumes is missing, instead of starting
+    /// without it (degraded, with a loud warning).
+    #[arg(long)]
+    pub strict_dirs: bool,
     /// Address to listen on [default: 127.0.0.1:1234].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
@@ -227,6 +232,7 @@ struct FileConfig {
     auth_token: Option<PathBuf>,
     auth_reads: Option<bool>,
     read_only: Option<bool>,
+    strict_dirs: Option<bool>,
     shutdown_timeout: Option<DurationValue>,
 }
 
@@ -240,8 +246,10 @@ enum DurationOrWord {
 /// The settings the server runs with, after defaults, file and flags.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Data directory.
-    pub data_dir: PathBuf,
+    /// Data directories (at least one).
+    pub data_dir: Vec<PathBuf>,
+    /// Refuse to start with a data directory missing.
+    pub strict_dirs: bool,
     /// Listen address.
     pub listen: SocketAddr,
     /// Bytes per volume.
@@ -332,9 +340,6 @@ impl ServeArgs {
             None => vec![],
         };
         let dirs = if self.data_dir.is_empty() { file_dirs } else { self.data_dir.clone() };
-        if dirs.len() > 1 {
-            return Err("several data directories are not supported yet; give one --data-dir".into());
-        }
         let size = |flag: Option<u64>, key: &Option<SizeValue>, default: u64| -> Result<u64, String> {
             match (flag, key) {
                 (Some(v), _) => Ok(v),
@@ -379,7 +384,8 @@ impl ServeArgs {
             on_put: self.memory_on_put || file.memory_on_put.unwrap_or(false),
         };
         Ok(Settings {
-            data_dir: dirs.into_iter().next().unwrap_or_else(|| PathBuf::from("./larder-data")),
+            data_dir: if dirs.is_empty() { vec![PathBuf::from("./larder-data")] } else { dirs },
+            strict_dirs: self.strict_dirs || file.strict_dirs.unwrap_or(false),
             listen: self.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:1234".parse().unwrap()),
             volume_size: size(self.volume_size, &file.volume_size, 1 << 30)?,
             volume_count: self.volume_count.or(file.volume_count).unwrap_or(16),
@@ -451,14 +457,14 @@ mod tests {
         .unwrap();
         let mut args = ServeArgs { config: Some(path), ..Default::default() };
         let s = args.settings().unwrap();
-        assert_eq!(s.data_dir, PathBuf::from("/srv/larder"));
+        assert_eq!(s.data_dir, vec![PathBuf::from("/srv/larder")]);
         assert_eq!((s.volume_size, s.volume_count, s.max_value_size), (64 << 20, 4, 2048));
         assert_eq!(s.fsync, FsyncPolicy::Always);
         assert_eq!(s.slow_request, Duration::from_millis(250));
         args.volume_count = Some(9);
         args.data_dir = vec![PathBuf::from("/tmp/x")];
         let s = args.settings().unwrap();
-        assert_eq!((s.volume_count, s.data_dir), (9, PathBuf::from("/tmp/x")));
+        assert_eq!((s.volume_count, s.data_dir), (9, vec![PathBuf::from("/tmp/x")]));
         let defaults = ServeArgs::default().settings().unwrap();
         assert_eq!(defaults.listen.to_string(), "127.0.0.1:1234");
         assert_eq!(defaults.fsync, FsyncPolicy::Every(Duration::from_secs(1)));

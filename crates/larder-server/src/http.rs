@@ -199,15 +199,16 @@ fn unauthorized(app: &App, headers: &HeaderMap) -> Option<Resp> {
 }
 
 /// `/_larder/faults`, in builds with the engine's fault layer only (tests): POST a rule such
-/// as `write nospace` to make the data directory's I/O fail, or `power-cut` (with the server
-/// started with `LARDER_FAULTS=track`) to simulate a power loss; DELETE clears faults. Off
-/// unless the environment variable `LARDER_FAULTS` is set too.
+/// as `write nospace` to make the data directory's I/O fail (`dir=N write eio` for the Nth
+/// `--data-dir`, from 0), or `power-cut` (with the server started with `LARDER_FAULTS=track`)
+/// to simulate a power loss; DELETE clears faults. Off unless the environment variable
+/// `LARDER_FAULTS` is set too.
 async fn faults(app: &App, req: Request<Incoming>) -> Resp {
     use larder_engine::faults;
     if !app.faults {
         return text(StatusCode::NOT_FOUND, "no such admin endpoint\n");
     }
-    let dir = &app.settings.data_dir;
+    let dirs = &app.settings.data_dir;
     match *req.method() {
         Method::POST => {
             let body = match req.into_body().collect().await {
@@ -216,23 +217,36 @@ async fn faults(app: &App, req: Request<Incoming>) -> Resp {
             };
             let spec = String::from_utf8_lossy(&body);
             if spec.trim() == "power-cut" {
-                // Undo every write not yet synced; from now on all I/O on the directory fails.
-                // It waits for every I/O call in flight: not on an async worker.
-                let dir = dir.clone();
-                let cut = tokio::task::spawn_blocking(move || faults::power_cut(&dir)).await;
+                // Undo every write not yet synced; from now on all I/O on the directories
+                // fails. It waits for every I/O call in flight: not on an async worker.
+                let dirs = dirs.clone();
+                let cut = tokio::task::spawn_blocking(move || {
+                    dirs.iter().try_fold(faults::CutReport::default(), |sum, d| {
+                        faults::power_cut(d)
+                            .map(|r| faults::CutReport { changes: sum.changes + r.changes, files: sum.files + r.files })
+                    })
+                })
+                .await;
                 return match cut.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string()))) {
                     Ok(r) => text_owned(StatusCode::OK, format!("undid {} changes in {} files\n", r.changes, r.files)),
                     Err(e) => text_owned(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
                 };
             }
-            match faults::Rule::parse(&spec).map(|r| faults::inject(dir, r)) {
+            let (dir, spec) = match spec.trim().strip_prefix("dir=").map(|r| r.split_once(' ').unwrap_or((r, ""))) {
+                Some((n, rest)) => match n.parse::<usize>().ok().and_then(|n| dirs.get(n)) {
+                    Some(d) => (d, rest),
+                    None => return text_owned(StatusCode::BAD_REQUEST, format!("no data directory number {n}\n")),
+                },
+                None => (&dirs[0], spec.trim()),
+            };
+            match faults::Rule::parse(spec).map(|r| faults::inject(dir, r)) {
                 Ok(Ok(())) => text(StatusCode::OK, "injected\n"),
                 Ok(Err(e)) => text_owned(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
                 Err(e) => text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
             }
         }
         Method::DELETE => {
-            faults::clear(dir);
+            dirs.iter().for_each(|d| faults::clear(d));
             text(StatusCode::OK, "cleared\n")
         }
         _ => method_not_allowed("POST, DELETE"),
@@ -321,6 +335,15 @@ fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
                 "write_failures": s.write_failures,
                 "sync_failures": s.sync_failures,
                 "read_failures": s.read_failures,
+                "degraded": s.degraded,
+                "dirs": s.dirs.iter().map(|d| serde_json::json!({
+                    "path": d.path.display().to_string(),
+                    "id": d.id,
+                    "state": d.state.as_str(),
+                    "volumes": d.volumes,
+                    "bytes_used": d.bytes_used,
+                    "free_bytes": d.free_bytes,
+                })).collect::<Vec<_>>(),
                 "recovery": {
                     "volumes": s.recovery.volumes,
                     "discarded": s.recovery.discarded,

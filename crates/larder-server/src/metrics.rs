@@ -8,7 +8,7 @@
 //! fsync latency into the same recorder. Requests to `/_larder/` itself are not counted.
 
 use hyper::Method;
-use larder_engine::Stats;
+use larder_engine::{DirState, Stats};
 use metrics::{counter, gauge, Counter, Histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -115,6 +115,12 @@ fn engine(s: &Stats) {
     gauge!("larder_active_volume").set(s.active_volume as f64);
     counter!("larder_volumes_sealed_total").absolute(s.rotations);
     counter!("larder_volumes_evicted_total").absolute(s.volumes_evicted);
+    for d in &s.dirs {
+        let dir = d.path.display().to_string();
+        gauge!("larder_dir_up", "dir" => dir.clone()).set(if d.state == DirState::Ok { 1.0 } else { 0.0 });
+        gauge!("larder_dir_used_bytes", "dir" => dir.clone()).set(d.bytes_used as f64);
+        gauge!("larder_dir_free_bytes", "dir" => dir).set(d.free_bytes as f64);
+    }
     counter!("larder_evicted_entries_total").absolute(s.evicted_entries);
     counter!("larder_reinserted_total").absolute(s.reinserted);
     counter!("larder_reinserted_bytes_total").absolute(s.reinserted_bytes);
@@ -150,6 +156,9 @@ fn describe() {
     g!("larder_active_volume", "Slot of the volume being written.");
     c!("larder_volumes_sealed_total", "Times the ring moved to the next slot, sealing the volume it left.");
     c!("larder_volumes_evicted_total", "Volumes whose data the ring overwrote.");
+    g!("larder_dir_up", "1 if the data directory serves and takes new volumes; 0 if failed or missing.");
+    g!("larder_dir_used_bytes", "Bytes of larder's volumes in the data directory.");
+    g!("larder_dir_free_bytes", "Free bytes on the data directory's filesystem.");
     c!("larder_evicted_entries_total", "Index entries dropped because the ring reused their volume.");
     c!("larder_reinserted_total", "Entries copied forward before the ring overwrote their volume.");
     c!("larder_reinserted_bytes_total", Unit::Bytes, "Bytes of records copied forward.");

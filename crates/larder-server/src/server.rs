@@ -389,28 +389,30 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         tokio::task::spawn_blocking(move || {
             let s = &app.settings;
             let cfg = StoreConfig {
-                dir: s.data_dir.clone(),
+                dirs: s.data_dir.clone(),
+                strict_dirs: s.strict_dirs,
                 volume_size: s.volume_size,
                 volume_count: s.volume_count,
                 max_value_size: s.max_value_size,
                 fsync: s.fsync,
                 memory: s.memory.clone(),
                 reinsert_min_hits: s.reinsert_min_hits,
-                ..StoreConfig::new(&s.data_dir)
+                ..StoreConfig::new(&s.data_dir[0])
             };
             // Test builds only: log writes from the start, for a simulated power cut.
             if track {
-                if let Err(e) =
-                    std::fs::create_dir_all(&s.data_dir).and_then(|_| larder_engine::faults::track(&s.data_dir))
-                {
-                    tracing::error!(error = %e, "cannot track the data directory for power cuts");
+                for dir in &s.data_dir {
+                    if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| larder_engine::faults::track(dir)) {
+                        tracing::error!(error = %e, "cannot track the data directory for power cuts");
+                    }
                 }
             }
             let r = Store::open_observed(cfg, &app.progress).map(|store| {
                 log_recovered(&store, app.started.elapsed());
                 let _ = app.store.set(store);
             });
-            let _ = ready_tx.send(r.map_err(|e| format!("cannot open the store in {}: {e}", s.data_dir.display())));
+            let dirs: Vec<String> = s.data_dir.iter().map(|d| d.display().to_string()).collect();
+            let _ = ready_tx.send(r.map_err(|e| format!("cannot open the store in {}: {e}", dirs.join(", "))));
         });
     }
 
