@@ -47,3 +47,26 @@ start_nginx() {
   taskset -c 1 "${NGINX:-/usr/sbin/nginx}" -c "$work/ngx/nginx.conf" &
   pids+=($!)
 }
+
+# wrk_run WORKLOAD TARGET PORT ROUND RESULTS: one `wrk -t1 -c64` run of PUT (fresh keys per
+# round, $SIZE bytes) or GET ($KEYS preloaded keys under /g) for $DURATION on core 0; appends
+# "WORKLOAD TARGET req/s p50 p99" to RESULTS. A run with any non-2xx answer is invalid.
+wrk_run() {
+  local workload=$1 target=$2 port=$3 round=$4 results=$5 out rps p50 p99
+  if [ "$workload" = PUT ]; then
+    out=$(START=$((round * 100000000)) SIZE=$SIZE PREFIX=/p taskset -c 0 \
+      wrk -t1 -c64 -d"$DURATION" --latency -s bench/wrk/put.lua "http://127.0.0.1:$port")
+  else
+    out=$(N=$KEYS PREFIX=/g taskset -c 0 wrk -t1 -c64 -d"$DURATION" --latency -s bench/wrk/get.lua "http://127.0.0.1:$port")
+  fi
+  if grep -q "Non-2xx" <<<"$out"; then
+    echo "$workload against $target had non-2xx responses: run invalid" >&2
+    echo "$out" >&2
+    exit 1
+  fi
+  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
+  p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
+  echo "$workload $target $rps $p50 $p99" >>"$results"
+  echo "round $round $workload $target: $rps req/s p50 $p50 p99 $p99" >&2
+}

@@ -37,30 +37,10 @@ python3 bench/wrk/preload.py 127.0.0.1 "$NGINX_PORT" /g "$KEYS" "$SIZE" 8 >&2
 
 results="$work/results.txt"
 : >"$results"
-run() { # workload target port round
-  local workload=$1 target=$2 port=$3 round=$4 out
-  if [ "$workload" = PUT ]; then
-    out=$(START=$((round * 100000000)) SIZE=$SIZE PREFIX=/p taskset -c 0 \
-      wrk -t1 -c64 -d"$DURATION" --latency -s bench/wrk/put.lua "http://127.0.0.1:$port")
-  else
-    out=$(N=$KEYS PREFIX=/g taskset -c 0 wrk -t1 -c64 -d"$DURATION" --latency -s bench/wrk/get.lua "http://127.0.0.1:$port")
-  fi
-  if grep -q "Non-2xx" <<<"$out"; then
-    echo "$workload against $target had non-2xx responses: run invalid" >&2
-    echo "$out" >&2
-    exit 1
-  fi
-  local rps p50 p99
-  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-  p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
-  p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
-  echo "$workload $target $rps $p50 $p99" >>"$results"
-  echo "round $round $workload $target: $rps req/s p50 $p50 p99 $p99" >&2
-}
 for round in $(seq "$ROUNDS"); do
   for workload in PUT GET; do
-    run "$workload" larder "$LARDER_PORT" "$round"
-    run "$workload" nginx "$NGINX_PORT" "$round"
+    wrk_run "$workload" larder "$LARDER_PORT" "$round" "$results"
+    wrk_run "$workload" nginx "$NGINX_PORT" "$round" "$results"
   done
 done
 

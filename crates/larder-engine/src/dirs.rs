@@ -153,15 +153,17 @@ pub(crate) fn open(paths: &[PathBuf], volume_size: u64, volume_count: u32, stric
         return Err(Error::new(ErrorKind::Invalid, "no data directory given"));
     }
     let mut seen: Vec<Seen> = Vec::new();
+    let mut canonical: Vec<PathBuf> = Vec::new();
     for p in paths {
         let exists = p.exists();
         if exists && !p.is_dir() {
             return Err(Error::new(ErrorKind::Invalid, format!("{} is not a directory", p.display())));
         }
         let canon = if exists { p.canonicalize().unwrap_or_else(|_| p.clone()) } else { p.clone() };
-        if seen.iter().any(|s| s.path == canon || s.path == *p) {
+        if canonical.contains(&canon) {
             return Err(Error::new(ErrorKind::Invalid, format!("data directory {} is given twice", p.display())));
         }
+        canonical.push(canon);
         let manifest = if exists {
             Manifest::load(p).map_err(|e| Error::io(format!("reading the manifest in {}", p.display()), e))?
         } else {
