@@ -68,6 +68,8 @@ impl DirId {
 pub(crate) struct DataDir {
     /// Where it is (for a missing directory: where it was last seen).
     pub path: PathBuf,
+    /// The only directory of the store: never marked failed (there is nowhere else to go).
+    pub alone: bool,
     pub id: [u8; 16],
     /// Opened at start; a missing directory holds volumes that cannot be read.
     pub present: bool,
@@ -85,9 +87,16 @@ impl DataDir {
 
     /// Marks the directory failed (once, loudly).
     pub fn fail(&self, why: &dyn std::fmt::Display) {
-        if self.present && !self.failed.swap(true, Ordering::Relaxed) {
+        if self.present && !self.alone && !self.failed.swap(true, Ordering::Relaxed) {
             tracing::error!(dir = %self.path.display(), error = %why,
-                "data directory failed: no new volumes go here; its keys answer as unavailable");
+                "data directory failed: new volumes go to the others; its keys answer as unavailable");
+        }
+    }
+
+    /// A volume was created here after all: the directory works again.
+    pub fn recovered(&self) {
+        if self.failed.swap(false, Ordering::Relaxed) {
+            tracing::warn!(dir = %self.path.display(), "data directory takes new volumes again");
         }
     }
 }
@@ -173,7 +182,11 @@ pub(crate) fn open(paths: &[PathBuf], volume_size: u64, volume_count: u32, stric
     }
 
     // The newest sound copy of the manifest wins.
-    let best = seen.iter().filter_map(|s| s.manifest.clone().flatten()).max_by_key(|m| m.epoch);
+    let copies: Vec<&Manifest> = seen.iter().filter_map(|s| s.manifest.as_ref()?.as_ref()).collect();
+    if copies.iter().any(|m| m.store_id != copies[0].store_id) {
+        return Err(Error::new(ErrorKind::Corrupt, "the data directories belong to different larder stores"));
+    }
+    let best = copies.into_iter().max_by_key(|m| m.epoch).cloned();
     let hints_trusted = best.is_some();
     let mut manifest = match best {
         Some(m) => {
@@ -184,9 +197,8 @@ pub(crate) fn open(paths: &[PathBuf], volume_size: u64, volume_count: u32, stric
                     "ring shape changed since the last run; volumes that no longer fit are discarded"
                 );
             }
-            let mut m = Manifest { volume_size, volume_count, ..m };
-            m.slots.resize(volume_count as usize, m.slot(usize::MAX));
-            m
+            // The slot table keeps its old length until the missing directories are known.
+            Manifest { volume_size, volume_count, ..m }
         }
         None => {
             if seen.iter().any(|s| s.manifest.is_some() || (s.exists && has_volumes(&s.path))) {
@@ -229,6 +241,12 @@ pub(crate) fn open(paths: &[PathBuf], volume_size: u64, volume_count: u32, stric
 
     // Directories the manifest names that none of the configured paths is.
     let found: Vec<[u8; 16]> = ids.iter().flatten().copied().collect();
+    if let Some(dup) = (0..found.len()).find(|&i| found[i + 1..].contains(&found[i])) {
+        return Err(Error::new(
+            ErrorKind::Invalid,
+            format!("two data directories have the same id {} (one is a copy of the other)", hex(&found[dup])),
+        ));
+    }
     let mut missing: Vec<usize> = (0..manifest.dirs.len())
         .filter(|&i| !found.contains(&manifest.dirs[i].id) && manifest.slots.iter().any(|s| s.dir as usize == i))
         .collect();
@@ -238,7 +256,9 @@ pub(crate) fn open(paths: &[PathBuf], volume_size: u64, volume_count: u32, stric
     let mut stand_in = vec![false; seen.len()];
     for (i, s) in seen.iter().enumerate() {
         let unknown = ids[i].is_none() && !(s.exists && has_volumes(&s.path));
-        if unknown && missing.iter().any(|&m| manifest.dirs[m].path == s.path) {
+        let same =
+            |a: &Path, b: &Path| a == b || a.canonicalize().ok().is_some_and(|x| b.canonicalize().ok() == Some(x));
+        if unknown && missing.iter().any(|&m| same(&manifest.dirs[m].path, &s.path)) {
             stand_in[i] = true;
         }
     }
@@ -262,8 +282,22 @@ pub(crate) fn open(paths: &[PathBuf], volume_size: u64, volume_count: u32, stric
         if strict {
             return Err(Error::new(ErrorKind::Io, format!("{what}; refusing to start (--strict-dirs)")));
         }
-        tracing::error!("{what}; starting degraded: keys that may have been written there are misses until it returns");
+        tracing::error!(
+            "{what}; starting degraded: what was stored before is left out until it returns (new writes are served)"
+        );
+        // Slots beyond a smaller ring would take the missing directories' volumes out of
+        // the table: keep the ring's size until they return.
+        if (volume_count as usize) < manifest.slots.len() {
+            tracing::warn!(
+                asked = volume_count,
+                keeping = manifest.slots.len(),
+                "not shrinking the ring while a data directory is missing"
+            );
+            manifest.volume_count = manifest.slots.len() as u32;
+        }
     }
+    let count = manifest.volume_count as usize;
+    manifest.slots.resize(count, manifest.slot(usize::MAX));
 
     // Open, lock and identify every usable configured directory.
     let mut opened: Vec<(usize, PathBuf, [u8; 16], File)> = Vec::new();
@@ -303,6 +337,7 @@ pub(crate) fn open(paths: &[PathBuf], volume_size: u64, volume_count: u32, stric
         .iter()
         .map(|d| DataDir {
             path: d.path.clone(),
+            alone: manifest.dirs.len() == 1,
             id: d.id,
             present: false,
             failed: AtomicBool::new(false),
@@ -319,10 +354,14 @@ pub(crate) fn open(paths: &[PathBuf], volume_size: u64, volume_count: u32, stric
 /// Writes `manifest` (with a raised epoch) into every usable directory. A directory where it
 /// cannot be written is marked failed; it is an error only if no copy was written.
 pub(crate) fn save_manifest(manifest: &mut Manifest, dirs: &[DataDir]) -> Result<()> {
-    manifest.epoch += 1;
+    // From the clock, so that of two copies written in different runs (each while the other's
+    // directory was missing) the later wins, not the one saved more often.
+    manifest.epoch = (manifest.epoch + 1).max(crate::store::now_ms());
+    // If every present directory has failed, try them anyway: they may have recovered.
+    let any_usable = dirs.iter().any(|d| d.usable());
     let mut saved = false;
     let mut last = None;
-    for d in dirs.iter().filter(|d| d.usable()) {
+    for d in dirs.iter().filter(|d| d.usable() || (!any_usable && d.present)) {
         match manifest.save(&d.path) {
             Ok(()) => saved = true,
             Err(e) => {

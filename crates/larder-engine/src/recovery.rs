@@ -227,8 +227,8 @@ pub struct RecoveryReport {
     pub discarded: u64,
     /// Volumes in data directories that are missing (their keys are misses meanwhile).
     pub unavailable: u64,
-    /// Volumes left out of the index, but kept, because they are older than a volume in a
-    /// missing directory, which may hold newer values or deletes of their keys.
+    /// Volumes left out of the index, but kept, because a data directory is missing, which may
+    /// hold newer values or deletes of their keys (and the newest manifest).
     pub withheld: u64,
     /// Sealed volumes loaded from hint files.
     pub hint_loads: u64,
@@ -401,6 +401,12 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
                 continue;
             }
             tracing::warn!(slot, dir = %sh.dirs[*d].path.display(), "older copy of a volume left behind; emptying it");
+            // Normally the slot's previous turn, older than every volume kept. Not so when two
+            // runs each reused the slot while the other's directory was missing: then what
+            // this copy held (a delete, say) must not be lost while older values stay.
+            if let Found::Valid(h) = f {
+                keep_from = keep_from.max(h.sequence + 1);
+            }
             let file = sh.slots[slot].files[*d].get().expect("opened above");
             io::set_len(file, 0).map_err(|e| Error::io("emptying a stale volume", e))?;
             io::remove_if_exists(&hint_path(&sh.dirs[*d].path, slot)).map_err(|e| Error::io("removing a hint", e))?;
@@ -428,14 +434,16 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
             None => keep_from = keep_from.max(newest.unwrap_or(u64::MAX)),
         }
     }
-    // Volumes older than the newest one in a missing directory may hold values that one
-    // replaced or deleted: they stay on disk but out of the index until it returns.
-    let withhold_below = states
-        .iter()
-        .flatten()
-        .filter_map(|f| if let Found::Unavailable(s) = f { Some(s + 1) } else { None })
-        .max()
-        .unwrap_or(0);
+    // With a directory missing, any present volume may hold a value that a volume there
+    // replaced or deleted, and the newest copy of the manifest (which would say what it held)
+    // may be there too: every present volume stays on disk but out of the index until it
+    // returns. Volumes written meanwhile get later sequences (see `Shared::sequence_after`),
+    // so when it does, replaying by sequence puts every write in its place.
+    let missing = states.iter().flatten().any(|f| matches!(f, Found::Unavailable(_)))
+        || manifest.dirs.iter().enumerate().any(|(i, d)| {
+            !sh.dirs.iter().any(|x| x.present && x.id == d.id) && manifest.slots.iter().any(|s| s.dir as usize == i)
+        });
+    let withhold_below = if missing { u64::MAX } else { 0 };
 
     let mut found: Vec<VolumeHeader> = Vec::new();
     for (slot, state) in states.iter().enumerate() {
@@ -488,7 +496,7 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
     if report.withheld > 0 {
         tracing::error!(
             volumes = report.withheld,
-            "volumes older than one in a missing directory are left out of the index until it returns"
+            "a data directory is missing: the volumes of the others are left out of the index until it returns"
         );
     }
     report.volumes = found.len() as u64;
@@ -611,8 +619,19 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
             unhinted.push(slot);
         }
     }
+    // The slot table names every volume found, so that a directory that goes missing later is
+    // known by what it holds (a table made afresh, or read from version 1, names none yet).
+    {
+        let mut m = sh.manifest.lock();
+        for (slot, s) in sh.slots.iter().enumerate() {
+            if let (Some(d), true) = (s.dir(), s.generation.load(Ordering::Relaxed) != 0) {
+                m.slots[slot] =
+                    crate::manifest::SlotEntry { dir: d as u16, sequence: s.sequence.load(Ordering::Relaxed) };
+            }
+        }
+    }
     report.millis = started.elapsed().as_millis() as u64;
-    let degraded = report.unavailable > 0 || report.withheld > 0;
+    let degraded = missing;
     // A new store starts at slot 0; otherwise, when the newest volume is missing, the ring
     // goes on after it.
     let start_slot = newest_slot.map_or(0, |s| (s + 1) % count);

@@ -453,6 +453,14 @@ pub(crate) struct Shared {
     recovery: RecoveryReport,
 }
 
+/// The sequence of a volume started now: at least `next`, and above that of every volume
+/// started earlier in wall-clock time (milliseconds × 1024), so that the volumes written while
+/// a data directory was missing sort after everything it holds when it returns, even though
+/// this run could not know its highest sequence.
+fn sequence_after(next: u64) -> u64 {
+    next.max(now_ms() << 10)
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -628,6 +636,9 @@ impl Shared {
             // the volume exists: if that directory goes missing, recovery knows what it held.
             if self.dirs.len() > 1 {
                 dirs::save_manifest(&mut m, &self.dirs)?;
+                if !dir.usable() && self.another_usable(d) {
+                    return Err(Error::new(ErrorKind::Io, "the directory failed while the manifest was saved"));
+                }
             } else {
                 self.send(Job::Manifest);
             }
@@ -655,6 +666,7 @@ impl Shared {
             }
         }
         s.dir.store(d as u32, Ordering::Release);
+        dir.recovered();
         Ok(())
     }
 
@@ -662,9 +674,9 @@ impl Shared {
     fn rotate(&self, w: &mut Writer) -> Result<()> {
         let old = w.active;
         let next = (old + 1) % self.slots.len();
-        let sequence = w.next_sequence;
+        let sequence = sequence_after(w.next_sequence);
         self.start_volume(next, sequence, &mut w.cursor)?;
-        w.next_sequence += 1;
+        w.next_sequence = sequence + 1;
         // The slot after the new active one is the next to be overwritten: copy its hot
         // entries forward while the new volume fills.
         let oldest = (next + 1) % self.slots.len();
@@ -864,8 +876,13 @@ impl Shared {
         }
         if result.is_err() {
             let mut w = self.writer.lock();
-            // Try these volumes again at the next sync.
-            w.unsynced.extend(slots);
+            // Try these volumes again at the next sync, except those of a directory that has
+            // failed while another works: the writes they held were answered as failed (or
+            // are undone below), and retrying would fail every later sync too.
+            let dead = |slot: &usize| {
+                self.slots[*slot].dir().is_some_and(|d| !self.dirs[d].usable() && self.another_usable(d))
+            };
+            w.unsynced.extend(slots.into_iter().filter(|s| !dead(s)));
             // The writes this sync covered are answered as failed, so their keys must keep
             // their previous values: undo their index changes, newest first, under the writer
             // lock so no append interleaves. A later write of the same key wins the compare.
@@ -1347,6 +1364,7 @@ impl Store {
         }
         let opened = dirs::open(&cfg.dirs, cfg.volume_size, cfg.volume_count, cfg.strict_dirs)?;
         let (mut manifest, dirs, hints_trusted) = (opened.manifest, opened.dirs, opened.hints_trusted);
+        cfg.volume_count = manifest.volume_count; // kept while a directory is missing
         if !hints_trusted {
             // Hints hold hashes of a seed that is gone.
             for d in dirs.iter().filter(|d| d.present) {
@@ -1406,9 +1424,10 @@ impl Store {
                 let slot = rec.start_slot;
                 let w = shared.writer.get_mut();
                 let mut cursor = w.cursor;
-                shared.start_volume(slot, rec.next_sequence, &mut cursor)?;
+                let sequence = sequence_after(rec.next_sequence);
+                shared.start_volume(slot, sequence, &mut cursor)?;
                 shared.writer.get_mut().cursor = cursor;
-                ((slot, VOLUME_HEADER_LEN), rec.next_sequence + 1)
+                ((slot, VOLUME_HEADER_LEN), sequence + 1)
             }
         };
         {
