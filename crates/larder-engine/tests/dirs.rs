@@ -338,8 +338,7 @@ fn writes_resume_when_every_directory_failed_and_the_fault_clears() {
         assert!(store.stats().dirs.iter().all(|d| d.state == DirState::Failed));
     }
     // The devices are back: the next volume goes to a directory marked failed, which works.
-    let after = fill(&store, "m", 40);
-    assert!(after.len() == 40);
+    fill(&store, "m", 40); // every put must succeed
     for i in 0..40 {
         assert_eq!(get(&store, &format!("m{i}")), Some(value("m", i)));
     }
