@@ -73,24 +73,17 @@ done
 stop_cluster
 
 python3 - "$results" "$SIZE" <<'EOF'
-import statistics, sys
-rows = [l.split() for l in open(sys.argv[1])]
+import sys
+sys.dont_write_bytecode = True  # no __pycache__ in the repository
+sys.path.insert(0, "bench/wrk")
+from medians import medians
 size = int(sys.argv[2])
-def ms(v):
-    for unit, f in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
-        if v.endswith(unit):
-            return float(v[: -len(unit)]) * f
-    return float(v)
-med = {}
-for t in ("nginx+3", "larder"):
-    sel = [r[1:] for r in rows if r[1] == t]
-    med[t] = (statistics.median(float(r[1]) for r in sel),
-              statistics.median(ms(r[2]) for r in sel),
-              statistics.median(ms(r[3]) for r in sel))
-c, l = med["nginx+3"], med["larder"]
+rounds = sum(1 for _ in open(sys.argv[1])) // 2
+med = medians(sys.argv[1])
+c, l = med[("GET", "nginx+3")], med[("GET", "larder")]
 print(f"| GET {size} B | nginx + 3 nodes req/s | 1 larder node req/s | nginx+3 / larder | nginx+3 p50 / p99 ms | larder p50 / p99 ms |")
 print("|---|---|---|---|---|---|")
-print(f"| uniform, {len(rows) // 2} rounds | {c[0]:,.0f} | {l[0]:,.0f} | {c[0] / l[0]:.2f} | {c[1]:.2f} / {c[2]:.2f} | {l[1]:.2f} / {l[2]:.2f} |")
+print(f"| uniform, {rounds} rounds | {c[0]:,.0f} | {l[0]:,.0f} | {c[0] / l[0]:.2f} | {c[1]:.2f} / {c[2]:.2f} | {l[1]:.2f} / {l[2]:.2f} |")
 EOF
 
 # 2. Key movement from 3 to 4 nodes on the same data.

@@ -41,15 +41,10 @@ done
 results="$work/results.txt"
 : >"$results"
 run() { # loader target port round
-  local loader=$1 target=$2 port=$3 round=$4 out rps
+  local loader=$1 target=$2 port=$3 round=$4 rps
   if [ "$loader" = wrk ]; then
-    out=$(N=$KEYS PREFIX=/g taskset -c 0 wrk -t1 -c64 -d"$DURATION" --latency -s bench/wrk/get.lua "http://127.0.0.1:$port")
-    if grep -q "Non-2xx" <<<"$out"; then
-      echo "wrk against $target had non-2xx responses: run invalid" >&2
-      echo "$out" >&2
-      exit 1
-    fi
-    rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+    wrk_run GET "$target" "$port" "$round" "$work/wrk.txt"
+    rps=$(tail -n 1 "$work/wrk.txt" | cut -d' ' -f3)
   else
     taskset -c 0 $BENCH http "http://127.0.0.1:$port/g" --keys "$KEYS" --value-size "$SIZE" --check-length \
       --connections 64 --duration "$DURATION" --json "$work/run.json" --quiet

@@ -45,23 +45,15 @@ for round in $(seq "$ROUNDS"); do
 done
 
 python3 - "$results" "$SIZE" <<'EOF'
-import statistics, sys
-rows = [l.split() for l in open(sys.argv[1])]
+import sys
+sys.dont_write_bytecode = True  # no __pycache__ in the repository
+sys.path.insert(0, "bench/wrk")
+from medians import medians
 size = int(sys.argv[2])
-def ms(v):
-    for unit, f in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
-        if v.endswith(unit):
-            return float(v[: -len(unit)]) * f
-    return float(v)
+med = medians(sys.argv[1])
 print(f"| workload ({size} B) | larder req/s | nginx req/s | larder/nginx | larder p50 / p99 ms | nginx p50 / p99 ms |")
 print("|---|---|---|---|---|---|")
 for w in ("PUT", "GET"):
-    med = {}
-    for t in ("larder", "nginx"):
-        sel = [r for r in rows if r[0] == w and r[1] == t]
-        med[t] = (statistics.median(float(r[2]) for r in sel),
-                  statistics.median(ms(r[3]) for r in sel),
-                  statistics.median(ms(r[4]) for r in sel))
-    l, n = med["larder"], med["nginx"]
+    l, n = med[(w, "larder")], med[(w, "nginx")]
     print(f"| {w} | {l[0]:,.0f} | {n[0]:,.0f} | {l[0] / n[0]:.2f} | {l[1]:.2f} / {l[2]:.2f} | {n[1]:.2f} / {n[2]:.2f} |")
 EOF

@@ -108,6 +108,8 @@ pub(crate) struct Opened {
     /// Whether hint files may be used: false when the key-hash seed they were made with is
     /// gone (no sound manifest anywhere).
     pub hints_trusted: bool,
+    /// A directory that held volumes is missing: the store opens degraded.
+    pub missing: bool,
 }
 
 fn random_id() -> Result<[u8; 16]> {
@@ -348,7 +350,7 @@ pub(crate) fn open(paths: &[PathBuf], volume_size: u64, volume_count: u32, stric
         let d = dirs.iter_mut().find(|d| d.id == id).expect("added above");
         (d.path, d.present, d._lock) = (path, true, Some(lock));
     }
-    Ok(Opened { manifest, dirs, hints_trusted })
+    Ok(Opened { manifest, dirs, hints_trusted, missing: !missing.is_empty() })
 }
 
 /// Writes `manifest` (with a raised epoch) into every usable directory. A directory where it

@@ -272,8 +272,6 @@ pub(crate) struct Recovered {
     pub next_sequence: u64,
     pub unhinted: Vec<usize>,
     pub report: RecoveryReport,
-    /// Volumes are missing or withheld (see [`RecoveryReport::withheld`]).
-    pub degraded: bool,
 }
 
 fn read_volume_header(file: &File) -> std::io::Result<Option<VolumeHeader>> {
@@ -439,11 +437,7 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
     // may be there too: every present volume stays on disk but out of the index until it
     // returns. Volumes written meanwhile get later sequences (see `Shared::sequence_after`),
     // so when it does, replaying by sequence puts every write in its place.
-    let missing = states.iter().flatten().any(|f| matches!(f, Found::Unavailable(_)))
-        || manifest.dirs.iter().enumerate().any(|(i, d)| {
-            !sh.dirs.iter().any(|x| x.present && x.id == d.id) && manifest.slots.iter().any(|s| s.dir as usize == i)
-        });
-    let withhold_below = if missing { u64::MAX } else { 0 };
+    let withhold_below = if sh.degraded { u64::MAX } else { 0 };
 
     let mut found: Vec<VolumeHeader> = Vec::new();
     for (slot, state) in states.iter().enumerate() {
@@ -631,12 +625,11 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
         }
     }
     report.millis = started.elapsed().as_millis() as u64;
-    let degraded = missing;
     // A new store starts at slot 0; otherwise, when the newest volume is missing, the ring
     // goes on after it.
     let start_slot = newest_slot.map_or(0, |s| (s + 1) % count);
     let next_sequence = max_sequence.map_or(1, |s| s + 1);
-    Ok(Recovered { active, start_slot, next_sequence, unhinted, report, degraded })
+    Ok(Recovered { active, start_slot, next_sequence, unhinted, report })
 }
 
 /// Applies a hint's entries to the index, in chunks: each chunk is sorted by index shard

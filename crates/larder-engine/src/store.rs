@@ -1386,7 +1386,7 @@ impl Store {
         let mut shared = Shared {
             seed: manifest.hash_seed,
             dirs,
-            degraded: false,
+            degraded: opened.missing,
             manifest: Mutex::new(manifest),
             index: Index::new(),
             memory: Memory::new(&cfg.memory),
@@ -1415,7 +1415,6 @@ impl Store {
         };
         let rec = recovery::recover(&shared, hints_trusted, progress)?;
         shared.recovery = rec.report;
-        shared.degraded = rec.degraded;
         let (active, next_sequence) = match rec.active {
             Some(a) => (a, rec.next_sequence),
             None => {
