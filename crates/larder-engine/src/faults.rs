@@ -44,7 +44,13 @@ pub enum Failure {
     /// `EIO`: the device failed.
     Io,
     /// A write lands half of its bytes, then fails with `ENOSPC` (what a filling disk does).
+    /// A non-blocking read (`RWF_NOWAIT`) comes back with half of its bytes and no error
+    /// (what Linux 5.9 and 5.10 may do for a read that would block); blocking reads are not
+    /// affected.
     Short,
+    /// The operation takes this many milliseconds longer, then succeeds: a slow device. A
+    /// non-blocking read answers "would block" at once, as it would for a cold page.
+    Delay(u64),
 }
 
 /// One injected fault: operations `op` on files under the directory whose name contains
@@ -69,8 +75,9 @@ impl Rule {
         Rule { op, failure, file: String::new(), skip: 0, count: u64::MAX }
     }
 
-    /// Parses `OP FAILURE [file=SUBSTR] [skip=N] [count=N]`, e.g. `write nospace`,
-    /// `sync eio count=1`, `read eio file=vol-00002`. Used by the server's fault endpoint.
+    /// Parses `OP FAILURE [ms=N] [file=SUBSTR] [skip=N] [count=N]`, e.g. `write nospace`,
+    /// `sync eio count=1`, `read eio file=vol-00002`, `read short`, `read delay ms=300`
+    /// (`delay` needs `ms`). Used by the server's fault endpoint.
     pub fn parse(spec: &str) -> Result<Rule, String> {
         let mut words = spec.split_whitespace();
         let op = match words.next() {
@@ -82,8 +89,11 @@ impl Rule {
         let failure = match words.next() {
             Some("nospace") => Failure::NoSpace,
             Some("eio") => Failure::Io,
-            Some("short") if op == Op::Write => Failure::Short,
-            other => return Err(format!("expected nospace, eio or (for writes) short, got {other:?}")),
+            Some("short") if op != Op::Sync => Failure::Short,
+            Some("delay") => Failure::Delay(u64::MAX),
+            other => {
+                return Err(format!("expected nospace, eio, delay or (for reads and writes) short, got {other:?}"))
+            }
         };
         let mut rule = Rule::always(op, failure);
         for w in words {
@@ -93,8 +103,12 @@ impl Rule {
                 "file" => rule.file = value.to_string(),
                 "skip" => rule.skip = number()?,
                 "count" => rule.count = number()?,
+                "ms" if matches!(rule.failure, Failure::Delay(_)) => rule.failure = Failure::Delay(number()?),
                 _ => return Err(format!("unknown setting {name:?}")),
             }
+        }
+        if rule.failure == Failure::Delay(u64::MAX) {
+            return Err("delay needs ms=N".into());
         }
         Ok(rule)
     }
@@ -244,6 +258,24 @@ pub(crate) enum Verdict {
     Fail(io::Error),
     /// Write only this many bytes, then fail with the error.
     Short(usize, io::Error),
+    /// A non-blocking read returns half of what it read.
+    ShortRead,
+    /// Take this much longer (a non-blocking read: would block).
+    Delay(std::time::Duration),
+}
+
+/// How far the store's clock is set off the real one, in ms (see [`skew_clock`]).
+static CLOCK_SKEW: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Sets the store's clock (`now_ms`) `ms` milliseconds off the real one, as a clock stepped
+/// forward or back would. Process-wide: a test that uses it should run in a process of its own.
+pub fn skew_clock(ms: i64) {
+    CLOCK_SKEW.store(ms, Ordering::Relaxed);
+}
+
+/// The skew set by [`skew_clock`].
+pub fn clock_skew() -> i64 {
+    CLOCK_SKEW.load(Ordering::Relaxed)
 }
 
 /// The registered directory holding `file`, and the file's path.
@@ -272,7 +304,8 @@ fn errno(failure: Failure) -> io::Error {
 }
 
 impl Dir {
-    fn verdict(&mut self, path: &Path, op: Op, len: usize) -> Verdict {
+    /// `nowait`: the operation is a non-blocking read.
+    fn verdict(&mut self, path: &Path, op: Op, len: usize, nowait: bool) -> Verdict {
         if self.dead {
             return Verdict::Fail(io::Error::from_raw_os_error(libc::EIO));
         }
@@ -281,12 +314,18 @@ impl Dir {
             if r.op != op || r.count == 0 || !name.contains(r.file.as_str()) {
                 continue;
             }
+            // A short read is a non-blocking read's failure only.
+            if op == Op::Read && r.failure == Failure::Short && !nowait {
+                continue;
+            }
             if r.skip > 0 {
                 r.skip -= 1;
                 continue;
             }
             r.count = r.count.saturating_sub(if r.count == u64::MAX { 0 } else { 1 });
             return match r.failure {
+                Failure::Delay(ms) => Verdict::Delay(std::time::Duration::from_millis(ms)),
+                Failure::Short if op == Op::Read => Verdict::ShortRead,
                 Failure::Short if len > 1 => Verdict::Short(len / 2, errno(Failure::NoSpace)),
                 f => Verdict::Fail(errno(f)),
             };
@@ -317,10 +356,15 @@ impl Hook {
         std::mem::replace(&mut self.verdict, Verdict::Proceed)
     }
 
-    /// The error the operation must fail with, if any (a short write fails too).
+    /// The error the operation must fail with, if any (a short write fails too); a delay is
+    /// served here.
     pub(crate) fn take_failure(&mut self) -> Option<io::Error> {
         match self.take_verdict() {
-            Verdict::Proceed => None,
+            Verdict::Proceed | Verdict::ShortRead => None,
+            Verdict::Delay(d) => {
+                std::thread::sleep(d);
+                None
+            }
             Verdict::Fail(e) | Verdict::Short(_, e) => Some(e),
         }
     }
@@ -348,15 +392,15 @@ impl Drop for Hook {
     }
 }
 
-/// Before a read, sync, or directory sync of `file`.
-pub(crate) fn before(file: &std::fs::File, op: Op) -> Hook {
+/// Before a read (`nowait`: a non-blocking one), sync, or directory sync of `file`.
+pub(crate) fn before(file: &std::fs::File, op: Op, nowait: bool) -> Hook {
     if !ACTIVE.load(Ordering::Acquire) {
         return PASS;
     }
     let cut = CUT.read();
     let Some((d, path)) = lookup(file) else { return PASS };
     let mut dir = d.lock();
-    let verdict = dir.verdict(&path, op, 0);
+    let verdict = dir.verdict(&path, op, 0, nowait);
     // A sync makes durable only what had been written when it started.
     let pending = match (op, &verdict) {
         (Op::Sync, Verdict::Proceed) => dir.logs.get(&path).map(|l| Pending::Sync(l.completed)),
@@ -375,7 +419,7 @@ pub(crate) fn before_change(file: &std::fs::File, offset: u64, len: usize, set_l
     let cut = CUT.read();
     let Some((d, path)) = lookup(file) else { return PASS };
     let mut dir = d.lock();
-    let verdict = dir.verdict(&path, Op::Write, len);
+    let verdict = dir.verdict(&path, Op::Write, len, false);
     let logged = dir.tracking && !matches!(verdict, Verdict::Fail(_));
     if logged {
         let size = file.metadata().map(|m| m.len()).unwrap_or(0);

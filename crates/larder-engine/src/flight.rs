@@ -1,23 +1,29 @@
-//! Request coalescing: concurrent reads of one key that must go to disk share one read.
+//! Request coalescing: concurrent reads of one record that must go to disk share one read.
 //!
-//! The first reader of a key registers a flight and reads; readers of the same key that come
-//! while it is in the air wait for its outcome instead of reading again. Flights are found by
-//! the key's hash and confirmed by the full key, so two keys sharing a hash never share bytes.
+//! A reader looks the key up in the index first, then joins the flight of that exact record
+//! (slot, offset, generation tag) or, if none is in the air, registers one and reads. A write
+//! changes the index before it is acknowledged, so a reader that starts after the
+//! acknowledgement looks up the new record and never joins a read of the old one: it leads a
+//! read of its own, which replaces the old flight in the table (the old one still answers the
+//! readers that joined it, which all started before the write). Flights are found by the key's
+//! hash and confirmed by the full key, so two keys sharing a hash never share bytes.
 
 use crate::index::Loc;
-use crate::store::Value;
+use crate::store::{Seen, Value};
 use crate::{Error, ErrorKind};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// What a disk read found: the value and the location it was read from.
-pub(crate) type Found = Option<(Value, Loc)>;
+/// What a disk read found: the value and the record it was read from.
+pub(crate) type Found = Option<(Value, Seen)>;
 type Outcome = std::result::Result<Found, (ErrorKind, String)>;
 
 pub(crate) struct Flight {
     key: Box<[u8]>,
+    /// The record being read.
+    loc: Loc,
     followers: AtomicU32,
     outcome: Mutex<Option<Outcome>>,
     done: Condvar,
@@ -74,17 +80,25 @@ impl Flights {
         self.active.load(Ordering::Acquire) != 0 && self.shard(hash).lock().contains_key(&hash)
     }
 
-    pub fn join(&self, hash: u64, key: &[u8]) -> Join<'_> {
+    /// Joins the read of the record at `loc` (which the index named for `key`), or leads one.
+    pub fn join(&self, hash: u64, key: &[u8], loc: Loc) -> Join<'_> {
         let mut m = self.shard(hash).lock();
         if let Some(f) = m.get(&hash) {
             if &*f.key != key {
                 return Join::Alone;
             }
-            f.followers.fetch_add(1, Ordering::Relaxed);
-            return Join::Follow(f.clone());
+            if f.loc.same_place(loc) {
+                f.followers.fetch_add(1, Ordering::Relaxed);
+                return Join::Follow(f.clone());
+            }
+            // A read of another record of the key is in the air: an older one (its outcome
+            // must not answer a reader that started after the write that replaced it) or, if
+            // this reader's lookup is the older one, a newer one. Either way, lead a read of
+            // `loc`; readers of the same record from now on join this one.
         }
         let flight = Arc::new(Flight {
             key: key.into(),
+            loc,
             followers: AtomicU32::new(0),
             outcome: Mutex::new(None),
             done: Condvar::new(),
@@ -119,9 +133,14 @@ impl Lead<'_> {
 
     fn publish(&mut self, o: Outcome) {
         self.finished = true;
-        // Unregister first: a reader arriving now reads for itself rather than waiting on a
-        // flight that has landed.
-        self.flights.shard(self.hash).lock().remove(&self.hash);
+        // Unregister first (unless a newer flight of the key took the place): a reader
+        // arriving now reads for itself rather than waiting on a flight that has landed.
+        {
+            let mut m = self.flights.shard(self.hash).lock();
+            if m.get(&self.hash).is_some_and(|f| Arc::ptr_eq(f, &self.flight)) {
+                m.remove(&self.hash);
+            }
+        }
         self.flights.active.fetch_sub(1, Ordering::AcqRel);
         *self.flight.outcome.lock() = Some(o);
         self.flight.done.notify_all();

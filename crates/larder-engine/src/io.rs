@@ -9,13 +9,13 @@ use std::io::{self, IoSlice};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-/// Applies an injected fault, if any, to a read or a sync (feature `faults` only), keeping
-/// the hook in `$name` until the end of the function.
+/// Applies an injected fault, if any, to a blocking read or a sync (feature `faults` only),
+/// keeping the hook in `$name` until the end of the function.
 macro_rules! hook {
     ($name:ident = $file:expr, $op:ident) => {
         #[cfg(feature = "faults")]
         let $name = {
-            let mut h = crate::faults::before($file, crate::faults::Op::$op);
+            let mut h = crate::faults::before($file, crate::faults::Op::$op, false);
             if let Some(e) = h.take_failure() {
                 return Err(e);
             }
@@ -47,7 +47,18 @@ fn read_unhooked(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> 
 /// for the device (`RWF_NOWAIT`), so that a caller on an async worker can move the read to a
 /// thread that may block. Where the flag is unsupported the read simply happens.
 pub fn read_cached_at_most(file: &File, buf: &mut [u8], offset: u64) -> io::Result<Option<usize>> {
-    hook!(_hook = file, Read);
+    #[cfg(feature = "faults")]
+    let _hook = {
+        use crate::faults::Verdict;
+        let mut h = crate::faults::before(file, crate::faults::Op::Read, true);
+        match h.take_verdict() {
+            Verdict::Proceed | Verdict::Short(..) => h,
+            Verdict::Fail(e) => return Err(e),
+            // A slow device: the page is not cached.
+            Verdict::Delay(_) => return Ok(None),
+            Verdict::ShortRead => return read_unhooked(file, buf, offset).map(|n| Some(n / 2)),
+        }
+    };
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
@@ -90,7 +101,11 @@ pub fn write_all_vectored_at(file: &File, parts: &[&[u8]], offset: u64) -> io::R
         let len = parts.iter().map(|p| p.len()).sum();
         let mut h = crate::faults::before_change(file, offset, len, None);
         match h.take_verdict() {
-            Verdict::Proceed => h,
+            Verdict::Proceed | Verdict::ShortRead => h,
+            Verdict::Delay(d) => {
+                std::thread::sleep(d);
+                h
+            }
             Verdict::Fail(e) => return Err(e),
             Verdict::Short(n, e) => {
                 // Land the first `n` bytes, as a device that fills up mid-write does.

@@ -25,6 +25,7 @@ pub mod manifest;
 pub mod memory;
 pub mod meta;
 mod ops;
+pub mod pause;
 pub mod record;
 pub mod recovery;
 mod store;

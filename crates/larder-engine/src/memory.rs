@@ -10,10 +10,13 @@
 //!   the one crate that offers all of them behind one interface, for workloads where another
 //!   policy wins. moka measured slowest with no better hit ratio, so it is not offered.
 //!
-//! Consistency with the disk: a value enters memory only under its key's stripe lock and only
-//! if the index still names the record it came from; PUT and DELETE change the index first
-//! and then drop (or replace) the key under the same lock. Whichever side takes the lock
-//! second sees the other's effect, so once a PUT has returned no GET can find an older value.
+//! Consistency with the disk, one rule: memory never holds a value that the index does not
+//! name. Every change of a key's index entry (PUT, DELETE, the undo after a failed fsync,
+//! expiry) is followed by [`Memory::reconcile`] under the key's stripe lock, and a promotion
+//! goes through the same call, storing the value only if the index still names the record
+//! (slot, offset and the slot's whole generation) it was read from. Whichever side takes the
+//! lock second sees the other's effect, so once a write has returned no GET finds an older
+//! value here.
 
 use crate::store::Position;
 use bytes::Bytes;
@@ -105,6 +108,14 @@ pub(crate) struct Cached {
     /// CRC32C of `data`.
     pub crc: u32,
     pub content_type: Option<Bytes>,
+}
+
+/// What [`Memory::reconcile`] did.
+pub(crate) enum Settled {
+    /// The value offered went in.
+    Stored,
+    /// The key was dropped; this is what it held.
+    Dropped(Option<Cached>),
 }
 
 /// Charged per entry on top of key and value bytes: the cache's node, the key's and value's
@@ -201,13 +212,6 @@ impl Memory {
         }
     }
 
-    fn remove(&self, key: &[u8]) -> bool {
-        match &self.backend {
-            Backend::Clock(c) => c.remove(key).is_some(),
-            Backend::Foyer(c) => c.remove(key).is_some(),
-        }
-    }
-
     fn stripe(&self, hash: u64) -> &Mutex<()> {
         &self.stripes[(hash % STRIPES as u64) as usize]
     }
@@ -217,37 +221,25 @@ impl Memory {
         self.admission.as_ref().is_none_or(|a| a.count(hash, now_ms, reads))
     }
 
-    /// Stores `value` for `key` if `current()` still holds under the key's stripe lock, and
-    /// drops the key otherwise (so that an older value cannot stay behind).
-    pub fn put_if(&self, hash: u64, key: &[u8], value: Cached, current: impl FnOnce() -> bool) -> bool {
+    /// Under the key's stripe lock: stores `offer` if `current()` holds, and otherwise drops
+    /// the key, returning what it held. The store calls it after every change of a key's index
+    /// entry (with no offer) and to promote a value (see `Shared::reconcile_memory`).
+    pub fn reconcile(&self, hash: u64, key: &[u8], offer: Option<Cached>, current: impl FnOnce() -> bool) -> Settled {
         let _g = self.stripe(hash).lock();
-        if !current() {
-            self.remove(key);
-            return false;
-        }
-        let key: Box<[u8]> = key.into();
-        match &self.backend {
-            Backend::Clock(c) => c.insert(key, value),
-            Backend::Foyer(c) => {
-                c.insert(key, value);
+        if let Some(value) = offer.filter(|_| current()) {
+            let key: Box<[u8]> = key.into();
+            match &self.backend {
+                Backend::Clock(c) => c.insert(key, value),
+                Backend::Foyer(c) => {
+                    c.insert(key, value);
+                }
             }
+            return Settled::Stored;
         }
-        true
-    }
-
-    /// Drops `key` and returns what was held. Called after the index has changed.
-    pub fn take(&self, hash: u64, key: &[u8]) -> Option<Cached> {
-        let _g = self.stripe(hash).lock();
-        match &self.backend {
+        Settled::Dropped(match &self.backend {
             Backend::Clock(c) => c.remove(key).map(|(_, v)| v),
             Backend::Foyer(c) => c.remove(key).map(|e| e.value().clone()),
-        }
-    }
-
-    /// Drops `key`; returns whether it was held. Called after the index has changed.
-    pub fn invalidate(&self, hash: u64, key: &[u8]) -> bool {
-        let _g = self.stripe(hash).lock();
-        self.remove(key)
+        })
     }
 
     /// (bytes charged, entries, capacity, keys tracked by admission)

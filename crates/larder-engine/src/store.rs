@@ -14,7 +14,7 @@
 use crate::dirs::{self, DataDir};
 use crate::flight::{Flights, Found, Join};
 use crate::index::{Index, Loc, MAX_HITS, MAX_SLOTS, MAX_VOLUME_SIZE, TAG_MASK};
-use crate::memory::{Cached, Memory, MemoryConfig};
+use crate::memory::{Cached, Memory, MemoryConfig, Settled};
 use crate::meta::{self, Meta};
 use crate::ops::{Part, Precondition, PutOptions, Version};
 use crate::record::{self, Header, FLAG_TOMBSTONE, HEADER_LEN, MAX_KEY_LEN};
@@ -105,6 +105,14 @@ pub struct Position {
     pub offset: u64,
     /// Length of the record on disk in bytes (header, key, metadata and value).
     pub size: u64,
+}
+
+/// The exact record a value was read from: its index location and the slot's whole
+/// generation (the location keeps only 7 bits of it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seen {
+    pub loc: Loc,
+    pub generation: u32,
 }
 
 /// What a put stored.
@@ -443,6 +451,8 @@ pub(crate) struct Shared {
     memory: Option<Memory>,
     flights: Flights,
     pub slots: Box<[SlotState]>,
+    /// The slot being written (the writer's `active`), for stats without the writer lock.
+    active: AtomicU32,
     writer: Mutex<Writer>,
     durable: Mutex<DurableState>,
     durable_cv: Condvar,
@@ -461,9 +471,13 @@ fn sequence_after(next: u64) -> u64 {
     next.max(now_ms() << 10)
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch (in builds with the fault layer, set off by
+/// [`crate::faults::skew_clock`]).
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    #[cfg(feature = "faults")]
+    let ms = ms.saturating_add_signed(crate::faults::clock_skew());
+    ms
 }
 
 const ZEROS: [u8; record::ALIGN as usize] = [0; record::ALIGN as usize];
@@ -505,7 +519,7 @@ impl Shared {
         let salt = self.slots[loc.slot as usize].salt.load(Ordering::Acquire);
         let want = (record::size_class_bytes(loc.class) as usize).min(HEADER_LEN + key.len());
         let mut buf = vec![0u8; want];
-        let n = self.read(file, &mut buf, loc.offset, false)?.unwrap_or(0);
+        let n = self.read(&self.slots[loc.slot as usize], file, &mut buf, loc.offset, false)?.unwrap_or(0);
         let Ok(h) = record::decode_header(&buf[..n], salt) else { return Ok(None) };
         Ok((h.generation == g && &buf[HEADER_LEN..HEADER_LEN + h.key_len as usize] == key).then_some(h))
     }
@@ -700,6 +714,7 @@ impl Shared {
             });
         }
         w.active = next;
+        self.active.store(next as u32, Ordering::Relaxed);
         w.offset = VOLUME_HEADER_LEN;
         self.counters.rotations.fetch_add(1, Ordering::Relaxed);
         self.send(Job::Sweep);
@@ -707,18 +722,22 @@ impl Shared {
     }
 
     /// Appends one record under the writer lock. Returns the record's position and index
-    /// entry; the caller publishes it.
+    /// entry; the caller publishes it. `Ok(None)`, with nothing written, if `wait` is false
+    /// and the record could only go in after turning the ring (which truncates and syncs
+    /// files): the caller retries on a thread that may block.
+    #[allow(clippy::too_many_arguments)]
     fn append(
         &self,
         w: &mut Writer,
+        wait: bool,
         header: Header,
         key: &[u8],
         meta: &[u8],
         value: &[u8],
         value_crc: u32,
-    ) -> Result<(Position, Loc)> {
+    ) -> Result<Option<(Position, Loc)>> {
         let dir = self.slots[w.active].dir();
-        match self.write_record(w, header, key, meta, value, value_crc) {
+        match self.write_record(w, wait, header, key, meta, value, value_crc) {
             // The device is full but the ring's next slot holds older data, or another
             // directory may have room: turn the ring now, as it would turn later anyway;
             // emptying that slot, or placing the next volume elsewhere, makes the room.
@@ -727,15 +746,21 @@ impl Shared {
                     && w.offset > VOLUME_HEADER_LEN
                     && (self.next_holds_data(w) || dir.is_some_and(|d| self.another_usable(d))) =>
             {
+                if !wait {
+                    return Ok(None);
+                }
                 tracing::warn!(slot = w.active, "device full: turning the ring early");
                 self.rotate(w)?;
-                self.write_record(w, header, key, meta, value, value_crc)
+                self.write_record(w, wait, header, key, meta, value, value_crc)
             }
             // The directory failed: the write goes to a new volume in another one.
             Err(e) if e.kind() == ErrorKind::Io && !w.closed && dir.is_some_and(|d| self.another_usable(d)) => {
+                if !wait {
+                    return Ok(None);
+                }
                 tracing::warn!(slot = w.active, error = %e, "write failed: moving on to a volume in another directory");
                 self.rotate(w)?;
-                self.write_record(w, header, key, meta, value, value_crc)
+                self.write_record(w, wait, header, key, meta, value, value_crc)
             }
             r => r,
         }
@@ -754,16 +779,19 @@ impl Shared {
         }
     }
 
-    /// Writes one record at the writer's offset, turning the ring first if it does not fit.
+    /// Writes one record at the writer's offset, turning the ring first if it does not fit
+    /// (`Ok(None)` instead, if `wait` is false).
+    #[allow(clippy::too_many_arguments)]
     fn write_record(
         &self,
         w: &mut Writer,
+        wait: bool,
         header: Header,
         key: &[u8],
         meta: &[u8],
         value: &[u8],
         value_crc: u32,
-    ) -> Result<(Position, Loc)> {
+    ) -> Result<Option<(Position, Loc)>> {
         if w.closed {
             return Err(Error::new(ErrorKind::Io, "the store is closed"));
         }
@@ -773,6 +801,9 @@ impl Shared {
         // records when another directory can.
         let failed = self.slots[w.active].dir().is_some_and(|d| !self.dirs[d].usable() && self.another_usable(d));
         if w.offset + padded > self.cfg.volume_size || (failed && w.offset > VOLUME_HEADER_LEN) {
+            if !wait {
+                return Ok(None);
+            }
             self.rotate(w)?;
         }
         let slot = w.active;
@@ -800,9 +831,9 @@ impl Shared {
         let loc = self.loc(slot, generation, w.offset, record_len);
         let pos = Position { volume: slot as u32, offset: w.offset, size: record_len };
         w.offset += padded;
-        self.slots[slot].len.store(w.offset, Ordering::Relaxed);
+        self.slots[slot].len.store(w.offset, Ordering::Release);
         w.appended += 1;
-        Ok((pos, loc))
+        Ok(Some((pos, loc)))
     }
 
     /// Blocks until append number `seq` is durable (group commit).
@@ -887,10 +918,6 @@ impl Shared {
             // their previous values: undo their index changes, newest first, under the writer
             // lock so no append interleaves. A later write of the same key wins the compare.
             for u in undo.iter().rev() {
-                // A GET meanwhile may have promoted the value being undone.
-                if let Some(m) = &self.memory {
-                    m.invalidate(u.hash, &u.key);
-                }
                 if !self.index.compare_and_set(u.hash, u.after, u.before) {
                     // A write after this sync's target replaced the entry: if that one is
                     // undone later, it must go back to what was there before this one.
@@ -898,6 +925,10 @@ impl Shared {
                         later.before = u.before;
                     }
                 }
+                crate::pause::point("undo.between", &u.key);
+                // Index first, memory second (the one rule): a GET meanwhile may have promoted
+                // the value being undone, and from here on no promotion of it can pass.
+                self.reconcile_memory(u.hash, &u.key, None);
             }
             self.counters.sync_failures.fetch_add(1, Ordering::Relaxed);
         }
@@ -929,18 +960,27 @@ impl Shared {
         Ok(())
     }
 
-    /// Reads into `buf` at `offset`; `Ok(None)` if `nowait` and the read would wait for the
-    /// device. A failure is an error, not a miss: the data may be fine once the device is.
-    fn read(&self, file: &File, buf: &mut [u8], offset: u64, nowait: bool) -> Result<Option<usize>> {
+    /// Reads into `buf` at `offset` of `slot`'s file; `Ok(None)` if `nowait` and the read
+    /// would wait for the device. A failure is an error, not a miss: the data may be fine once
+    /// the device is.
+    ///
+    /// A non-blocking read that returns fewer bytes than the file holds there is "would
+    /// block" too: Linux 5.9 and 5.10 may answer a `RWF_NOWAIT` read that would block with 0 or
+    /// a short count instead of `EAGAIN`. Only a blocking read can come back short for real.
+    fn read(&self, slot: &SlotState, file: &File, buf: &mut [u8], offset: u64, nowait: bool) -> Result<Option<usize>> {
         let r = if nowait {
             io::read_cached_at_most(file, buf, offset)
         } else {
             io::read_at_most(file, buf, offset).map(Some)
         };
-        r.map_err(|e| {
+        let n = r.map_err(|e| {
             self.counters.read_failures.fetch_add(1, Ordering::Relaxed);
             Error::io("reading a record", e)
-        })
+        })?;
+        // The slot's length is stored before the index names a record in it, so a reader that
+        // found the record sees at least its end.
+        let there = slot.len.load(Ordering::Acquire).saturating_sub(offset).min(buf.len() as u64) as usize;
+        Ok(n.filter(|&n| !nowait || n >= there))
     }
 
     /// Reads and verifies the record at `loc`.
@@ -951,11 +991,13 @@ impl Shared {
         };
         let salt = slot.salt.load(Ordering::Acquire);
         let mut buf = vec![0u8; record::size_class_bytes(loc.class) as usize];
-        let Some(n) = self.read(file, &mut buf, loc.offset, nowait)? else { return Ok(Fetch::WouldBlock) };
+        let Some(n) = self.read(slot, file, &mut buf, loc.offset, nowait)? else { return Ok(Fetch::WouldBlock) };
         self.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
         buf.truncate(n);
         let (header, value) = match record::decode(&buf, salt) {
             Ok(r) => (r.header, r.value_range),
+            // Only a complete blocking read marks damage: the blocking path reads again.
+            Err(_) if nowait => return Ok(Fetch::WouldBlock),
             Err(err) => {
                 self.damaged(hash, loc, generation, err);
                 return Ok(Fetch::Gone);
@@ -991,7 +1033,7 @@ impl Shared {
             return None;
         }
         if rec.expired(now_ms()) {
-            self.index.remove_if_eq(hash, loc);
+            self.expire(hash, loc, key);
             return None;
         }
         let meta_at = HEADER_LEN + h.key_len as usize..rec.value.0;
@@ -1024,7 +1066,10 @@ impl Shared {
             return Ok(match self.fetch(hash, loc, nowait)? {
                 Fetch::WouldBlock => Got::WouldBlock,
                 Fetch::Gone => Got::Gone,
-                Fetch::Record(r) => self.value_of(hash, loc, key, r).map_or(Got::Gone, |v| Got::Value(v.narrow(part))),
+                Fetch::Record(r) => {
+                    let generation = r.header.generation;
+                    self.value_of(hash, loc, key, r).map_or(Got::Gone, |v| Got::Value(v.narrow(part), generation))
+                }
             });
         }
         let slot = &self.slots[loc.slot as usize];
@@ -1033,11 +1078,12 @@ impl Shared {
         };
         let salt = slot.salt.load(Ordering::Acquire);
         let mut front = vec![0u8; PREFIX_READ];
-        let Some(n) = self.read(file, &mut front, loc.offset, nowait)? else { return Ok(Got::WouldBlock) };
+        let Some(n) = self.read(slot, file, &mut front, loc.offset, nowait)? else { return Ok(Got::WouldBlock) };
         self.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
         front.truncate(n);
         let (h, meta_block) = match record::decode_prefix(&front, salt) {
             Ok(x) => x,
+            Err(_) if nowait => return Ok(Got::WouldBlock),
             Err(err) => {
                 self.damaged(hash, loc, generation, err);
                 return Ok(Got::Gone);
@@ -1048,7 +1094,7 @@ impl Shared {
             return Ok(Got::Gone);
         }
         if h.expiry_ms != 0 && h.expiry_ms <= now_ms() {
-            self.index.remove_if_eq(hash, loc);
+            self.expire(hash, loc, key);
             return Ok(Got::Gone);
         }
         let len = h.value_len as u64;
@@ -1063,7 +1109,7 @@ impl Shared {
             let Some(blocks) = meta.blocks(len) else {
                 // A value without block checksums is verified whole.
                 return self.fetch_part(hash, loc, key, Part::Whole, nowait).map(|g| match g {
-                    Got::Value(v) => Got::Value(v.narrow(part)),
+                    Got::Value(v, g) => Got::Value(v.narrow(part), g),
                     other => other,
                 });
             };
@@ -1072,21 +1118,27 @@ impl Shared {
             let (from, to) = (first * size, ((last + 1) * size).min(len));
             let value_at = loc.offset + (HEADER_LEN + h.key_len as usize + h.meta_len as usize) as u64;
             let mut buf = vec![0u8; (to - from) as usize];
-            let Some(n) = self.read(file, &mut buf, value_at + from, nowait)? else { return Ok(Got::WouldBlock) };
+            let Some(n) = self.read(slot, file, &mut buf, value_at + from, nowait)? else { return Ok(Got::WouldBlock) };
             self.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
             if n < buf.len() {
+                if nowait {
+                    return Ok(Got::WouldBlock);
+                }
                 self.damaged(hash, loc, generation, record::DecodeError::Short);
                 return Ok(Got::Gone);
             }
             for (i, block) in buf.chunks(size as usize).enumerate() {
                 if crc32c::crc32c(block) != blocks.crc(first + i as u64) {
+                    if nowait {
+                        return Ok(Got::WouldBlock);
+                    }
                     self.damaged(hash, loc, generation, record::DecodeError::BadBody);
                     return Ok(Got::Gone);
                 }
             }
             Bytes::from(buf).slice((start - from) as usize..(end - from) as usize)
         };
-        Ok(Got::Value(Value {
+        let value = Value {
             data,
             start,
             len,
@@ -1096,57 +1148,56 @@ impl Shared {
             stored_ms: h.stored_ms,
             expiry_ms: h.expiry_ms,
             tier: Tier::Disk,
-        }))
-    }
-
-    /// The version of `key` its index entry names (`loc`, read from disk), for a conditional
-    /// write. Read before the writer lock is taken, so that a cold read does not stall every
-    /// writer; [`Shared::check`] confirms it under the lock.
-    fn indexed_version(&self, hash: u64, key: &[u8]) -> Result<Option<(Loc, Option<Version>)>> {
-        let Some(loc) = self.index.get(hash) else { return Ok(None) };
-        Ok(Some(match self.fetch_part(hash, loc, key, Part::Nothing, false)? {
-            Got::Value(v) => (loc, Some(v.version())),
-            _ => (loc, None),
-        }))
-    }
-
-    /// The current version of `key`; under the writer lock, so no other write changes it
-    /// before the caller's append. `early` is what [`Shared::indexed_version`] read before
-    /// the lock: still current if the index has not moved since.
-    fn current_version(&self, hash: u64, key: &[u8], early: Option<(Loc, Option<Version>)>) -> Result<Option<Version>> {
-        let now = self.index.get(hash);
-        let indexed = match (early, now) {
-            (Some((then, v)), Some(now)) if then.same_place(now) => v,
-            (_, Some(_)) => self.indexed_version(hash, key)?.and_then(|(_, v)| v),
-            (_, None) => None,
         };
-        if indexed.is_some() {
-            return Ok(indexed);
+        Ok(Got::Value(value, h.generation))
+    }
+
+    /// The memory tier's one rule: memory never holds a value that the index does not name.
+    /// Called after every change of `key`'s index entry (put, delete, the undo after a failed
+    /// fsync, expiry) with no offer, which drops the key, and by promotion and `memory_on_put`
+    /// with the value and the record it came from, which goes in only if the index still names
+    /// that record, whole generation compared. Returns what happened (and what was dropped).
+    pub(crate) fn reconcile_memory(&self, hash: u64, key: &[u8], offer: Option<(Cached, Seen)>) -> Settled {
+        let Some(m) = &self.memory else { return Settled::Dropped(None) };
+        match offer {
+            None => m.reconcile(hash, key, None, || false),
+            Some((value, seen)) => m.reconcile(hash, key, Some(value), || {
+                self.index.get(hash).is_some_and(|l| l.same_place(seen.loc))
+                    && self.slots[seen.loc.slot as usize].generation.load(Ordering::Acquire) == seen.generation
+            }),
         }
-        // Memory may hold a value whose record the ring has overwritten. Deletes drop keys
-        // from memory under the writer lock, so what it holds here is current.
+    }
+
+    /// An expired entry found at `loc`: out of the index, then out of memory.
+    fn expire(&self, hash: u64, loc: Loc, key: &[u8]) {
+        self.index.remove_if_eq(hash, loc);
+        self.reconcile_memory(hash, key, None);
+    }
+
+    /// The current version of `key`, under the writer lock (`indexed` is what its index entry
+    /// names, read before the lock by [`Store::lock_current`]).
+    fn current_version(&self, key: &[u8], indexed: Option<Version>) -> Option<Version> {
+        if indexed.is_some() {
+            return indexed;
+        }
+        // Memory may hold a value whose record the ring has overwritten. Every index change
+        // drops the key from memory under the writer lock, so what it holds here is current.
         let now = now_ms();
         let cached = self.memory.as_ref().and_then(|m| m.get(key));
-        Ok(cached.filter(|c| c.expiry_ms == 0 || c.expiry_ms > now).map(|c| Version {
+        cached.filter(|c| c.expiry_ms == 0 || c.expiry_ms > now).map(|c| Version {
             len: c.data.len() as u64,
             crc: c.crc,
             stored_ms: c.stored_ms,
-        }))
+        })
     }
 
     /// Fails unless every precondition holds for the current value of `key`. Under the writer
-    /// lock; `early` as for [`Shared::current_version`].
-    fn check(
-        &self,
-        hash: u64,
-        key: &[u8],
-        preconditions: &[Precondition],
-        early: Option<(Loc, Option<Version>)>,
-    ) -> Result<()> {
+    /// lock; `indexed` as for [`Shared::current_version`].
+    fn check(&self, key: &[u8], preconditions: &[Precondition], indexed: Option<Version>) -> Result<()> {
         if preconditions.is_empty() {
             return Ok(());
         }
-        match crate::ops::unmet(preconditions, self.current_version(hash, key, early)?) {
+        match crate::ops::unmet(preconditions, self.current_version(key, indexed)) {
             None => Ok(()),
             Some(why) => Err(Error::new(ErrorKind::PreconditionFailed, why)),
         }
@@ -1214,12 +1265,13 @@ impl Shared {
                 c.reinsert_skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            match self.append(&mut w, r.header, r.key(), r.meta(), r.value(), r.value_crc) {
-                Ok((pos, new)) => {
+            match self.append(&mut w, true, r.header, r.key(), r.meta(), r.value(), r.value_crc) {
+                Ok(Some((pos, new))) => {
                     self.index.replace_if_eq(hash, old, new);
                     c.reinserted.fetch_add(1, Ordering::Relaxed);
                     c.reinserted_bytes.fetch_add(pos.size, Ordering::Relaxed);
                 }
+                Ok(None) => unreachable!("an append that may wait completes"),
                 Err(e) => {
                     tracing::warn!(error = %e, "reinsertion stopped");
                     c.reinsert_skipped.fetch_add(1 + left, Ordering::Relaxed);
@@ -1299,9 +1351,17 @@ impl Record {
     }
 }
 
+/// What the index names for a key, as [`Store::lock_current`] saw it before the writer lock.
+struct Current {
+    loc: Option<Loc>,
+    /// The version of the key's live value there (not a tombstone, expired or another key's).
+    live: Option<Version>,
+}
+
 /// What a read of part of a value found.
 enum Got {
-    Value(Value),
+    /// The value, and the generation of the record it was read from.
+    Value(Value, u32),
     /// Absent, expired, another key's record, or damaged.
     Gone,
     WouldBlock,
@@ -1392,6 +1452,7 @@ impl Store {
             memory: Memory::new(&cfg.memory),
             flights: Flights::default(),
             slots,
+            active: AtomicU32::new(0),
             writer: Mutex::new(Writer {
                 active: 0,
                 offset: VOLUME_HEADER_LEN,
@@ -1432,6 +1493,7 @@ impl Store {
         {
             let w = shared.writer.get_mut();
             (w.active, w.offset, w.next_sequence) = (active.0, active.1, next_sequence);
+            shared.active.store(active.0 as u32, Ordering::Relaxed);
         }
         {
             let m = shared.manifest.get_mut();
@@ -1490,15 +1552,15 @@ impl Store {
         Ok(self.put_inner(key, value, &PutOptions::default(), false)?.map(|s| s.position))
     }
 
-    /// [`Store::put_with`] that does not wait (see [`Store::try_put`]). A put with
-    /// preconditions reads the current value under the writer lock, so it always answers
-    /// `Ok(None)` here.
+    /// [`Store::put_with`] that does not wait (see [`Store::try_put`]); a put with
+    /// preconditions also answers `Ok(None)` when the current record is not in the page cache.
     pub fn try_put_with(&self, key: &[u8], value: &[u8], opts: &PutOptions<'_>) -> Result<Option<Stored>> {
         self.put_inner(key, value, opts, false)
     }
 
     /// The writer lock, unless `wait` is false and taking it (or appending `need` bytes) could
-    /// block: the lock is held, a rotation is due, or the policy syncs every write.
+    /// block: the lock is held, a rotation is due (the volume is full, or its directory
+    /// failed), or the policy syncs every write.
     fn writer(&self, wait: bool, need: u64) -> Option<parking_lot::MutexGuard<'_, Writer>> {
         let sh = &*self.shared;
         if wait {
@@ -1508,7 +1570,39 @@ impl Store {
             return None;
         }
         let w = sh.writer.try_lock()?;
-        (w.offset + need <= sh.cfg.volume_size).then_some(w)
+        let usable = sh.slots[w.active].dir().is_none_or(|d| sh.dirs[d].usable());
+        (w.offset + need <= sh.cfg.volume_size && usable).then_some(w)
+    }
+
+    /// The writer lock, taken while the index still names what was read of `key` before it
+    /// (if `look`: its live value, for a precondition or a delete). The read happens outside
+    /// the lock, so that every writer never waits on one key's disk read; if a write of the
+    /// key came in between, it is read again. `Ok(None)` where a call that may not wait would
+    /// (see [`Store::writer`]; a read that would wait for the device too).
+    fn lock_current(
+        &self,
+        hash: u64,
+        key: &[u8],
+        look: bool,
+        wait: bool,
+        need: u64,
+    ) -> Result<Option<(parking_lot::MutexGuard<'_, Writer>, Current)>> {
+        let sh = &*self.shared;
+        loop {
+            let loc = sh.index.get(hash);
+            let live = match (look, loc) {
+                (true, Some(l)) => match sh.fetch_part(hash, l, key, Part::Nothing, !wait)? {
+                    Got::WouldBlock => return Ok(None),
+                    Got::Gone => None,
+                    Got::Value(v, _) => Some(v.version()),
+                },
+                _ => None,
+            };
+            let Some(w) = self.writer(wait, need) else { return Ok(None) };
+            if same(sh.index.get(hash), loc) {
+                return Ok(Some((w, Current { loc, live })));
+            }
+        }
     }
 
     fn put_inner(&self, key: &[u8], value: &[u8], opts: &PutOptions<'_>, wait: bool) -> Result<Option<Stored>> {
@@ -1526,9 +1620,6 @@ impl Store {
                 format!("content type of {} bytes exceeds the limit of {} bytes", t.len(), meta::MAX_CONTENT_TYPE),
             ));
         }
-        if !wait && !opts.preconditions.is_empty() {
-            return Ok(None);
-        }
         // Outside the writer lock: one pass over the value for its checksum and, when it is
         // large, the block checksums a range read verifies.
         let (value_crc, blocks) = meta::checksum(value);
@@ -1542,12 +1633,23 @@ impl Store {
             ));
         }
         let hash = sh.hash(key);
-        let early = if opts.preconditions.is_empty() { None } else { sh.indexed_version(hash, key)? };
         let always = sh.cfg.fsync == FsyncPolicy::Always;
+        // What memory keeps of the value with `memory_on_put` (times are set below).
+        let mut cached = sh.memory.as_ref().filter(|m| m.on_put()).map(|_| Cached {
+            data: Bytes::copy_from_slice(value),
+            position: Position { volume: 0, offset: 0, size: 0 },
+            stored_ms: 0,
+            expiry_ms: 0,
+            crc: value_crc,
+            content_type: opts.content_type.map(Bytes::copy_from_slice),
+        });
         let mut header = new_header(0);
-        let (pos, loc, seq) = {
-            let Some(mut w) = self.writer(wait, record_len) else { return Ok(None) };
-            sh.check(hash, key, opts.preconditions, early)?;
+        let looked = !opts.preconditions.is_empty();
+        let (pos, seen, seq) = {
+            let Some((mut w, current)) = self.lock_current(hash, key, looked, wait, record_len)? else {
+                return Ok(None);
+            };
+            sh.check(key, opts.preconditions, current.live)?;
             // Stamped under the lock, so store times (and versions) are unique and ordered.
             header.stored_ms = w.stamp();
             // A zero TTL expires at once, even if the stamp ran ahead of the clock.
@@ -1556,36 +1658,31 @@ impl Store {
                 Some(t) if t.is_zero() => 1,
                 Some(t) => header.stored_ms.saturating_add(t.as_millis() as u64),
             };
-            let (pos, loc) = sh.append(&mut w, header, key, &meta_block, value, value_crc)?;
+            let Some((pos, loc)) = sh.append(&mut w, wait, header, key, &meta_block, value, value_crc)? else {
+                return Ok(None);
+            };
             // A colliding key loses its entry here: it becomes a miss, never a wrong value.
             let before = sh.index.insert(hash, loc);
+            let seen = Seen { loc, generation: sh.slots[loc.slot as usize].generation.load(Ordering::Relaxed) };
             if always {
                 w.undo.push(Undo { hash, key: key.into(), before, after: Some(loc) });
             }
-            (pos, loc, w.appended)
-        };
-        // After the index, so that a promotion racing with this put cannot leave the old
-        // value in memory (see memory.rs). A value that must be durable first enters memory
-        // only once it is: a failed sync undoes the index change and memory must not keep it.
-        let cache_it = sh.memory.as_ref().filter(|m| m.on_put());
-        if let Some(m) = &sh.memory {
-            if cache_it.is_none() || always {
-                m.invalidate(hash, key);
+            if let Some(c) = &mut cached {
+                (c.position, c.stored_ms, c.expiry_ms) = (pos, header.stored_ms, header.expiry_ms);
             }
-        }
+            // Under the writer lock, so that a conditional write after this one never finds
+            // the replaced value in memory. A value that must be durable first enters memory
+            // only once it is: a failed sync undoes the index change.
+            let offer = if always { None } else { cached.take().map(|c| (c, seen)) };
+            sh.reconcile_memory(hash, key, offer);
+            (pos, seen, w.appended)
+        };
+        crate::pause::point("put.unlocked", key);
         if always {
             sh.wait_durable(seq)?;
-        }
-        if let Some(m) = cache_it {
-            let cached = Cached {
-                data: Bytes::copy_from_slice(value),
-                position: pos,
-                stored_ms: header.stored_ms,
-                expiry_ms: header.expiry_ms,
-                crc: value_crc,
-                content_type: opts.content_type.map(Bytes::copy_from_slice),
-            };
-            m.put_if(hash, key, cached, || sh.index.get(hash).is_some_and(|l| l.same_place(loc)));
+            if let Some(c) = cached {
+                sh.reconcile_memory(hash, key, Some((c, seen)));
+            }
         }
         sh.counters.puts.fetch_add(1, Ordering::Relaxed);
         let version = Version { len: value.len() as u64, crc: value_crc, stored_ms: header.stored_ms };
@@ -1638,7 +1735,7 @@ impl Store {
             Some(loc) => match sh.fetch_part(hash, loc, key, part, !wait)? {
                 Got::WouldBlock => return Ok(None),
                 Got::Gone => None,
-                Got::Value(v) => {
+                Got::Value(v, _) => {
                     if matches!(part, Part::Range(_)) && sh.cfg.reinsert_min_hits > 0 {
                         sh.index.count_read(hash, loc, sh.cfg.reinsert_min_hits);
                     }
@@ -1659,7 +1756,7 @@ impl Store {
         let m = sh.memory.as_ref()?;
         let c = m.get(key)?;
         if c.expiry_ms != 0 && c.expiry_ms <= now_ms() {
-            m.invalidate(hash, key);
+            sh.reconcile_memory(hash, key, None);
             return None;
         }
         if count {
@@ -1676,71 +1773,77 @@ impl Store {
         if let Some(v) = self.memory_hit(hash, key, true) {
             return Ok(Some(Some(v)));
         }
-        // `reads` is how many gets this read answers, for admission; 0 = counted elsewhere.
-        let (found, reads) = if wait {
-            match sh.flights.join(hash, key) {
+        // The record to read is looked up once, before a shared read is joined: a read in the
+        // air answers only the gets that looked up the same record (see flight.rs).
+        let found = match sh.index.get(hash) {
+            None => None,
+            Some(loc) if wait => match sh.flights.join(hash, key, loc) {
                 Join::Lead(lead) => {
                     #[cfg(test)]
                     tests::leader_pause();
-                    let r = self.read_disk(hash, key, false).map(|d| d.expect("a blocking read completes"));
+                    crate::pause::point("flight.lead", key);
+                    let r = self.read_disk(hash, key, loc, false).map(|d| d.expect("a blocking read completes"));
                     // Counted (and promoted) before the followers and later gets look again,
                     // so that a hot key costs one disk read, not one per racing get.
-                    if let Ok(Some((v, loc))) = &r {
-                        self.after_disk_read(hash, key, v, *loc, 1 + lead.followers());
+                    if let Ok(Some((v, seen))) = &r {
+                        self.after_disk_read(hash, key, v, *seen, 1 + lead.followers());
                     }
                     lead.finish(&r);
-                    (r?, 0)
+                    r?
                 }
                 Join::Follow(flight) => {
                     sh.counters.coalesced_reads.fetch_add(1, Ordering::Relaxed);
-                    (flight.wait()?, 0)
+                    flight.wait()?
                 }
-                Join::Alone => (self.read_disk(hash, key, false)?.expect("a blocking read completes"), 1),
-            }
-        } else {
-            if sh.flights.busy(hash) {
-                return Ok(None);
-            }
-            match self.read_disk(hash, key, true)? {
-                Some(found) => (found, 1),
-                None => return Ok(None),
+                Join::Alone => {
+                    let found = self.read_disk(hash, key, loc, false)?.expect("a blocking read completes");
+                    if let Some((v, seen)) = &found {
+                        self.after_disk_read(hash, key, v, *seen, 1);
+                    }
+                    found
+                }
+            },
+            Some(loc) => {
+                if sh.flights.busy(hash) {
+                    return Ok(None);
+                }
+                let Some(found) = self.read_disk(hash, key, loc, true)? else { return Ok(None) };
+                if let Some((v, seen)) = &found {
+                    self.after_disk_read(hash, key, v, *seen, 1);
+                }
+                found
             }
         };
         let c = if found.is_some() { &sh.counters.hits } else { &sh.counters.misses };
         c.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(found.map(|(value, loc)| {
-            if reads > 0 {
-                self.after_disk_read(hash, key, &value, loc, reads);
-            }
-            value
-        })))
+        Ok(Some(found.map(|(value, _)| value)))
     }
 
     /// A value was read from disk for `reads` gets: count them for reinsertion and for
     /// admission to memory, promoting the value when it has earned it.
-    fn after_disk_read(&self, hash: u64, key: &[u8], v: &Value, loc: Loc, reads: u32) {
+    fn after_disk_read(&self, hash: u64, key: &[u8], v: &Value, seen: Seen, reads: u32) {
         let sh = &*self.shared;
         if sh.cfg.reinsert_min_hits > 0 {
-            sh.index.count_read(hash, loc, sh.cfg.reinsert_min_hits);
+            sh.index.count_read(hash, seen.loc, sh.cfg.reinsert_min_hits);
         }
         let Some(m) = &sh.memory else { return };
         if !m.admit(hash, now_ms(), reads) {
             return;
         }
+        crate::pause::point("promote", key);
         // An exact-size copy: the read buffer also holds the header and padding.
-        if m.put_if(hash, key, v.to_cached(), || sh.index.get(hash).is_some_and(|l| l.same_place(loc))) {
+        if let Settled::Stored = sh.reconcile_memory(hash, key, Some((v.to_cached(), seen))) {
             m.promotions.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Looks `key` up in the index and reads its record; `Ok(None)` if `nowait` and the read
-    /// would wait for the device.
-    fn read_disk(&self, hash: u64, key: &[u8], nowait: bool) -> Result<Option<Found>> {
-        let Some(loc) = self.shared.index.get(hash) else { return Ok(Some(None)) };
+    /// Reads the record of `key` at `loc`; `Ok(None)` if `nowait` and the read would wait for
+    /// the device.
+    fn read_disk(&self, hash: u64, key: &[u8], loc: Loc, nowait: bool) -> Result<Option<Found>> {
         Ok(match self.shared.fetch_part(hash, loc, key, Part::Whole, nowait)? {
             Got::WouldBlock => None,
             Got::Gone => Some(None),
-            Got::Value(v) => Some(Some((v, loc))),
+            Got::Value(v, generation) => Some(Some((v, Seen { loc, generation }))),
         })
     }
 
@@ -1756,7 +1859,8 @@ impl Store {
     }
 
     /// Like [`Store::delete`], but answers `Ok(None)`, having done nothing, where `delete`
-    /// would wait (see [`Store::try_put`]).
+    /// would wait (see [`Store::try_put`]), a read of the key's record from the device
+    /// included.
     pub fn try_delete(&self, key: &[u8]) -> Result<Option<bool>> {
         self.delete_inner(key, &[], false)
     }
@@ -1765,51 +1869,37 @@ impl Store {
         check_key(key)?;
         let sh = &*self.shared;
         let hash = sh.hash(key);
-        if !wait && !preconditions.is_empty() {
-            return Ok(None);
-        }
-        let early = if preconditions.is_empty() { None } else { sh.indexed_version(hash, key)? };
+        let need = record::padded((HEADER_LEN + key.len()) as u64);
         let (seq, tombstone_only, in_memory) = {
-            let need = record::padded((HEADER_LEN + key.len()) as u64);
-            let Some(mut w) = self.writer(wait, need) else { return Ok(None) };
-            sh.check(hash, key, preconditions, early)?;
-            let now = now_ms();
-            let live = |expiry_ms: u64| expiry_ms == 0 || expiry_ms > now;
-            let seq = match sh.index.get(hash) {
-                Some(loc) => match sh.header_at(loc, key)? {
-                    Some(h) if live(h.expiry_ms) => {
-                        let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_TOMBSTONE) };
-                        sh.append(&mut w, header, key, b"", b"", crc32c::crc32c(b""))?;
-                        if sh.index.remove_if_eq(hash, loc) && sh.cfg.fsync == FsyncPolicy::Always {
-                            w.undo.push(Undo { hash, key: key.into(), before: Some(loc), after: None });
-                        }
-                        Some(w.appended)
+            let Some((mut w, current)) = self.lock_current(hash, key, true, wait, need)? else { return Ok(None) };
+            sh.check(key, preconditions, current.live)?;
+            // A live value gets a tombstone; so does any key while a volume is left out of the
+            // index (or in a missing directory): it may hold the key, and the tombstone keeps
+            // it deleted when that volume comes back. An expired value needs none: it stays
+            // expired across restarts.
+            let (seq, tombstone_only) = if current.live.is_some() || sh.degraded {
+                let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_TOMBSTONE) };
+                let Some(_) = sh.append(&mut w, wait, header, key, b"", b"", crc32c::crc32c(b""))? else {
+                    return Ok(None);
+                };
+                if let (Some(loc), Some(_)) = (current.loc, current.live) {
+                    if sh.index.remove_if_eq(hash, loc) && sh.cfg.fsync == FsyncPolicy::Always {
+                        w.undo.push(Undo { hash, key: key.into(), before: Some(loc), after: None });
                     }
-                    // Expired: absent already. No tombstone is needed, as the record stays
-                    // expired across restarts.
-                    Some(_) => {
-                        sh.index.remove_if_eq(hash, loc);
-                        None
-                    }
-                    None => None,
-                },
-                None => None,
-            };
-            let (seq, tombstone_only) = match seq {
-                // A volume left out of the index (or in a missing directory) may hold the key:
-                // the tombstone keeps it deleted when that volume comes back.
-                None if sh.degraded => {
-                    let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_TOMBSTONE) };
-                    sh.append(&mut w, header, key, b"", b"", crc32c::crc32c(b""))?;
-                    (Some(w.appended), true)
                 }
-                seq => (seq, false),
+                (Some(w.appended), current.live.is_none())
+            } else {
+                (None, false)
             };
             // Memory may hold the key after the ring evicted its record: that counts as
             // present, unless expired. Dropped under the writer lock, so that a conditional
             // write after this delete never finds the value in memory.
-            let held = sh.memory.as_ref().and_then(|m| m.take(hash, key));
-            (seq, tombstone_only, held.is_some_and(|c| live(c.expiry_ms)))
+            let held = match sh.reconcile_memory(hash, key, None) {
+                Settled::Dropped(held) => held,
+                Settled::Stored => None,
+            };
+            let now = now_ms();
+            (seq, tombstone_only, held.is_some_and(|c| c.expiry_ms == 0 || c.expiry_ms > now))
         };
         if let (Some(seq), FsyncPolicy::Always) = (seq, sh.cfg.fsync) {
             sh.wait_durable(seq)?;
@@ -1851,7 +1941,7 @@ impl Store {
             bytes_used,
             capacity_bytes: sh.cfg.volume_size * sh.cfg.volume_count as u64,
             volumes,
-            active_volume: sh.writer.lock().active as u64,
+            active_volume: sh.active.load(Ordering::Relaxed) as u64,
             volume_size: sh.cfg.volume_size,
             volume_count: sh.cfg.volume_count as u64,
             puts: c.puts.load(Ordering::Relaxed),

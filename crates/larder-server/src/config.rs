@@ -90,6 +90,10 @@ pub struct ServeArgs {
     /// Largest value accepted; larger PUTs get 413 [default: 1MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_value_size: Option<u64>,
+    /// Bytes of request bodies held in memory at once, across all connections; past it
+    /// requests wait for room before their bodies are read (backpressure) [default: 512MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_body_memory: Option<u64>,
     /// When writes become durable: never (the OS decides), always (fdatasync before the 200,
     /// shared by concurrent requests), or a DURATION such as 1s (background fdatasync; bounds
     /// what a power loss can take) [default: 1s].
@@ -213,6 +217,7 @@ struct FileConfig {
     volume_size: Option<SizeValue>,
     volume_count: Option<u32>,
     max_value_size: Option<SizeValue>,
+    max_body_memory: Option<SizeValue>,
     fsync: Option<DurationOrWord>,
     memory_capacity: Option<SizeValue>,
     memory_eviction: Option<String>,
@@ -258,6 +263,8 @@ pub struct Settings {
     pub volume_count: u32,
     /// Largest value accepted.
     pub max_value_size: u64,
+    /// Bytes of request bodies held in memory at once.
+    pub max_body_memory: u64,
     /// Durability policy.
     pub fsync: FsyncPolicy,
     /// The memory tier.
@@ -390,6 +397,7 @@ impl ServeArgs {
             volume_size: size(self.volume_size, &file.volume_size, 1 << 30)?,
             volume_count: self.volume_count.or(file.volume_count).unwrap_or(16),
             max_value_size: size(self.max_value_size, &file.max_value_size, 1 << 20)?,
+            max_body_memory: size(self.max_body_memory, &file.max_body_memory, 512 << 20)?,
             fsync,
             memory,
             reinsert_min_hits,

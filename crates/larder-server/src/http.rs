@@ -35,6 +35,38 @@ pub struct App {
     pub started: Instant,
     /// Set on SIGTERM/SIGINT: health answers 503 and every answer closes its connection.
     pub shutting_down: AtomicBool,
+    /// Room for request bodies held in memory (`--max-body-memory`).
+    pub body_budget: BodyBudget,
+}
+
+/// The bytes of request bodies held in memory at once, across all connections: a request
+/// waits for its share before its body is read (backpressure: never a drop, never a 5xx for
+/// load). Counted in KiB, the semaphore's unit, so that any size fits its permit counts.
+pub struct BodyBudget {
+    room: Arc<tokio::sync::Semaphore>,
+    kib: u32,
+}
+
+impl BodyBudget {
+    /// A budget of `bytes` (at least 1 KiB).
+    pub fn new(bytes: u64) -> BodyBudget {
+        let kib = bytes.div_ceil(1024).clamp(1, u32::MAX as u64) as u32;
+        BodyBudget { room: Arc::new(tokio::sync::Semaphore::new(kib as usize)), kib }
+    }
+
+    /// Waits for room for a body of `bytes`, charged with the connection's read buffer it
+    /// passes through too (hyper grows it up to about 400 KiB while a large body streams in).
+    /// A body larger than the whole budget waits until it has the budget to itself, rather
+    /// than forever. Requests are served in the order they asked.
+    async fn reserve(&self, bytes: u64) -> tokio::sync::OwnedSemaphorePermit {
+        let kib = Self::charge(bytes).div_ceil(1024).min(self.kib as u64) as u32;
+        self.room.clone().acquire_many_owned(kib).await.expect("the budget is never closed")
+    }
+
+    /// What a body of `bytes` costs the budget: itself and its share of the read buffer.
+    fn charge(bytes: u64) -> u64 {
+        bytes + bytes.min(400 << 10)
+    }
 }
 
 impl App {
@@ -144,7 +176,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Resp {
         if what == b"faults" {
             return faults(app, req).await;
         }
-        return admin(app, req.method(), what);
+        return admin(app, req.method(), what).await;
     }
     let write = match *req.method() {
         Method::GET | Method::HEAD => false,
@@ -268,7 +300,15 @@ fn ratio(part: u64, whole: u64) -> f64 {
     }
 }
 
-fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
+/// The store's figures, gathered on the blocking pool: they ask the file system for free
+/// space, which a failing disk can stall.
+async fn stats(app: &Arc<App>) -> Option<larder_engine::Stats> {
+    app.store.get()?;
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || app.store.get().map(|s| s.stats())).await.ok().flatten()
+}
+
+async fn admin(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
     match *method {
         Method::GET | Method::HEAD => {}
         Method::PUT | Method::DELETE => return text(StatusCode::BAD_REQUEST, "keys under _larder/ are reserved\n"),
@@ -284,16 +324,15 @@ fn admin(app: &App, method: &Method, what: &[u8]) -> Resp {
             ),
         },
         b"metrics" => {
-            let stats = app.store.get().map(|s| s.stats());
+            let stats = stats(app).await;
             let mut r = Response::new(Full::new(Bytes::from(app.metrics.render(stats.as_ref()))));
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
             r
         }
         b"stats" => {
-            let Some(store) = app.store.get() else {
+            let Some(s) = stats(app).await else {
                 return text(StatusCode::SERVICE_UNAVAILABLE, "recovering\n");
             };
-            let s = store.stats();
             let (bytes_in, bytes_out) =
                 (app.metrics.bytes_in.load(Ordering::Relaxed), app.metrics.bytes_out.load(Ordering::Relaxed));
             let body = serde_json::json!({
@@ -579,8 +618,18 @@ async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
     if declared.is_some_and(|n| n > limit) {
         return too_large(limit); // refused before a byte of the body is read
     }
+    // Room for the body before a byte of it is read; a body of unknown length (chunked) gets
+    // the largest it may be, and gives back what it did not use once it is in. One reservation
+    // per request, so that requests never hold part of the budget while waiting for more.
+    let mut room = app.body_budget.reserve(declared.unwrap_or(limit)).await;
     let body = match read_body(req.into_body(), limit, declared.unwrap_or(0)).await {
-        Ok(b) => b,
+        Ok(b) => {
+            let used = BodyBudget::charge(b.len() as u64).div_ceil(1024) as usize;
+            if let Some(unused) = room.num_permits().checked_sub(used).and_then(|n| room.split(n)) {
+                drop(unused);
+            }
+            b
+        }
         Err(BodyError::TooLarge) => return too_large(limit),
         Err(BodyError::Broken(e)) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
     };
@@ -591,6 +640,8 @@ async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
         Ok(None) => blocking(app, move |store| store.put_with(&key, &body, &extra.options())).await,
         Err(e) => Err(e),
     };
+    // The body is gone (the store has copied it, or failed): its room goes back.
+    drop(room);
     match result {
         Ok(stored) => {
             let mut r = text(StatusCode::OK, "stored\n");

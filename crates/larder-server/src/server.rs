@@ -381,6 +381,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         progress: RecoveryProgress::default(),
         started: Instant::now(),
         shutting_down: AtomicBool::new(false),
+        body_budget: crate::http::BodyBudget::new(settings.max_body_memory),
     });
     // Recovery runs while the socket already answers (503 until ready).
     let (ready_tx, mut ready_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();

@@ -46,6 +46,14 @@ impl Server {
         Client::connect(self.addr)
     }
 
+    /// The server's resident memory now, in bytes (Linux).
+    pub fn rss(&self) -> u64 {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("process status");
+        let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).expect("VmRSS line");
+        kib.trim().trim_end_matches("kB").trim().parse::<u64>().expect("VmRSS in kB") << 10
+    }
+
     /// Injects an I/O fault into the data directory (`/_larder/faults`, test builds only),
     /// e.g. `write nospace`; `None` clears every fault.
     pub fn fault(&self, rule: Option<&str>) {
