@@ -9,10 +9,13 @@
 
 use crate::volume::VolumeHeader;
 
-/// Hint file format version written by this build.
-pub const HINT_VERSION: u32 = 1;
+/// Hint file format version written by this build. Version 1 (read too) lacks the newest
+/// store time of the volume's records.
+pub const HINT_VERSION: u32 = 2;
 const MAGIC: &[u8; 8] = b"LARDHINT";
-const HEADER_LEN: usize = 48;
+/// Header length of version 1; version 2 adds the newest store time.
+const HEADER_LEN_V1: usize = 48;
+const HEADER_LEN: usize = 56;
 /// Size of one fixed hint entry (a drop entry is followed by its key).
 pub const ENTRY_LEN: usize = 24;
 const DROP_BIT: u64 = 1 << 63;
@@ -44,18 +47,46 @@ pub enum HintEntry {
     },
 }
 
-/// Encodes a hint for the volume `vh` covering `data_len` bytes of it.
+/// Encodes a hint for the volume `vh` covering `data_len` bytes of it, in memory (for tests
+/// and small volumes; the store streams with [`Encoder`]).
 pub fn encode(vh: &VolumeHeader, data_len: u64, entries: &[HintEntry]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(HEADER_LEN + entries.len() * ENTRY_LEN + 4);
-    b.extend_from_slice(MAGIC);
-    b.extend_from_slice(&HINT_VERSION.to_le_bytes());
-    b.extend_from_slice(&vh.slot.to_le_bytes());
-    b.extend_from_slice(&vh.generation.to_le_bytes());
-    b.extend_from_slice(&0u32.to_le_bytes());
-    b.extend_from_slice(&vh.sequence.to_le_bytes());
-    b.extend_from_slice(&data_len.to_le_bytes());
-    b.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    let mut enc = Encoder::default();
+    let mut body = Vec::new();
     for e in entries {
+        enc.push(e, 0);
+    }
+    enc.flush(|b| {
+        body.extend_from_slice(b);
+        Ok(())
+    })
+    .expect("a Vec takes every byte");
+    let (header, trailer) = enc.finish(vh, data_len);
+    [&header[..], &body, &trailer].concat()
+}
+
+/// Builds a hint entry by entry with bounded memory. The header, whose entry count and newest
+/// store time are known only at the end, goes first in the file but is made last; the
+/// checksum over header and entries is combined from the checksums of the two parts.
+///
+/// Use: [`Encoder::push`] entries, [`Encoder::flush`] the bytes encoded so far (to be
+/// written in order from offset [`Encoder::ENTRIES_AT`]) whenever [`Encoder::pending`] is
+/// large, then [`Encoder::finish`]: the header for offset 0 and the trailer for the end.
+#[derive(Default)]
+pub struct Encoder {
+    pending: Vec<u8>,
+    crc: u32,
+    written: u64,
+    count: u64,
+    max_stored_ms: u64,
+}
+
+impl Encoder {
+    /// Where the entries start in the file.
+    pub const ENTRIES_AT: u64 = HEADER_LEN as u64;
+
+    /// Adds the entry of a record stored at `stored_ms`.
+    pub fn push(&mut self, e: &HintEntry, stored_ms: u64) {
+        let b = &mut self.pending;
         let (hash, offset, len, tail) = match e {
             HintEntry::Put { hash, offset, len, expiry_ms } => (hash, offset, len, *expiry_ms & !DROP_BIT),
             HintEntry::Drop { hash, offset, len, .. } => (hash, offset, len, DROP_BIT),
@@ -68,10 +99,40 @@ pub fn encode(vh: &VolumeHeader, data_len: u64, entries: &[HintEntry]) -> Vec<u8
             b.extend_from_slice(&(key.len() as u16).to_le_bytes());
             b.extend_from_slice(key);
         }
+        self.count += 1;
+        self.max_stored_ms = self.max_stored_ms.max(stored_ms);
     }
-    let crc = crc32c::crc32c(&b);
-    b.extend_from_slice(&crc.to_le_bytes());
-    b
+
+    /// Bytes encoded and not yet flushed.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Hands the bytes encoded since the last flush to `write`, which puts them after the
+    /// ones before.
+    pub fn flush(&mut self, write: impl FnOnce(&[u8]) -> std::io::Result<()>) -> std::io::Result<()> {
+        write(&self.pending)?;
+        self.crc = crc32c::crc32c_append(self.crc, &self.pending);
+        self.written += self.pending.len() as u64;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// The header and the trailer (checksum) of the hint; every entry must have been flushed.
+    pub fn finish(&self, vh: &VolumeHeader, data_len: u64) -> ([u8; HEADER_LEN], [u8; 4]) {
+        assert!(self.pending.is_empty(), "flush before finishing");
+        let mut h = [0u8; HEADER_LEN];
+        h[0..8].copy_from_slice(MAGIC);
+        h[8..12].copy_from_slice(&HINT_VERSION.to_le_bytes());
+        h[12..16].copy_from_slice(&vh.slot.to_le_bytes());
+        h[16..20].copy_from_slice(&vh.generation.to_le_bytes());
+        h[24..32].copy_from_slice(&vh.sequence.to_le_bytes());
+        h[32..40].copy_from_slice(&data_len.to_le_bytes());
+        h[40..48].copy_from_slice(&self.count.to_le_bytes());
+        h[48..56].copy_from_slice(&self.max_stored_ms.to_le_bytes());
+        let crc = crc32c::crc32c_combine(crc32c::crc32c(&h), self.crc, self.written as usize);
+        (h, crc.to_le_bytes())
+    }
 }
 
 /// Decodes a hint and checks it describes exactly `vh` with `data_len` bytes; `None` otherwise.
@@ -86,7 +147,11 @@ pub fn decode(b: &[u8], vh: &VolumeHeader, data_len: u64) -> Option<Vec<HintEntr
 /// a list of its entries (a hint of millions of records is streamed into the index).
 pub struct Hint<'a> {
     body: &'a [u8],
+    /// Where the entries start (the header's length in this version).
+    entries_at: usize,
     count: u64,
+    /// The newest store time of the records it names (0 in a version-1 hint, which lacks it).
+    pub max_stored_ms: u64,
     /// Bytes of the volume it covers: all of a sealed volume, or the part of the active
     /// volume written before a graceful stop (a checkpoint); records after it are scanned.
     pub data_len: u64,
@@ -97,7 +162,7 @@ impl<'a> Hint<'a> {
     /// A volume only grows by appends while its generation lasts, so a hint of a shorter
     /// length still describes the records it names.
     pub fn open(b: &'a [u8], vh: &VolumeHeader, file_len: u64) -> Option<Hint<'a>> {
-        if b.len() < HEADER_LEN + 4 || &b[0..8] != MAGIC {
+        if b.len() < HEADER_LEN_V1 + 4 || &b[0..8] != MAGIC {
             return None;
         }
         let (body, crc) = b.split_at(b.len() - 4);
@@ -107,17 +172,17 @@ impl<'a> Hint<'a> {
         let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap());
         let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
         let data_len = u64_at(32);
-        if u32_at(8) != HINT_VERSION
-            || u32_at(12) != vh.slot
-            || u32_at(16) != vh.generation
-            || u64_at(24) != vh.sequence
-            || data_len > file_len
-        {
+        let (entries_at, max_stored_ms) = match u32_at(8) {
+            1 => (HEADER_LEN_V1, 0),
+            2 if body.len() >= HEADER_LEN => (HEADER_LEN, u64_at(48)),
+            _ => return None,
+        };
+        if u32_at(12) != vh.slot || u32_at(16) != vh.generation || u64_at(24) != vh.sequence || data_len > file_len {
             return None;
         }
-        let hint = Hint { body, count: u64_at(40), data_len };
+        let hint = Hint { body, entries_at, count: u64_at(40), max_stored_ms, data_len };
         // Walk the entries once before any is used, so that a hint is applied whole or not at all.
-        let mut at = HEADER_LEN;
+        let mut at = entries_at;
         for _ in 0..hint.count {
             at = hint.entry_end(at)?;
         }
@@ -155,7 +220,7 @@ impl<'a> Hint<'a> {
         let b = self.body;
         let u32_at = move |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
         let u64_at = move |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-        let mut at = HEADER_LEN;
+        let mut at = self.entries_at;
         (0..self.count).map(move |_| {
             let hash = u64_at(at);
             let offset = u32_at(at + 8) as u64 * 8;
@@ -196,5 +261,53 @@ mod tests {
         d[60] ^= 1;
         assert_eq!(decode(&d, &vh, 5000), None);
         assert_eq!(decode(&b[..b.len() - 1], &vh, 5000), None);
+    }
+
+    #[test]
+    fn streamed_in_pieces_it_is_the_same_file_and_keeps_the_newest_store_time() {
+        let vh = VolumeHeader { slot: 1, generation: 2, sequence: 3, salt: 4, created_ms: 0, dir_id: [0; 16] };
+        let entries: Vec<HintEntry> = (0..1000u64)
+            .map(|i| match i % 7 {
+                0 => HintEntry::Drop { hash: i, offset: i * 64, len: 60, key: format!("k{i}").into_bytes() },
+                _ => HintEntry::Put { hash: i, offset: i * 64, len: 60, expiry_ms: i },
+            })
+            .collect();
+        let mut enc = Encoder::default();
+        let mut body = Vec::new();
+        for (i, e) in entries.iter().enumerate() {
+            enc.push(e, 1000 + (i as u64 * 37) % 500);
+            if enc.pending() > 100 {
+                enc.flush(|b| std::io::Write::write_all(&mut body, b)).unwrap();
+            }
+        }
+        enc.flush(|b| std::io::Write::write_all(&mut body, b)).unwrap();
+        let (header, trailer) = enc.finish(&vh, 64_000);
+        let file = [&header[..], &body, &trailer].concat();
+        let h = Hint::open(&file, &vh, 64_000).expect("a sound hint");
+        assert_eq!(h.max_stored_ms, 1499);
+        assert_eq!(h.iter().collect::<Vec<_>>(), entries);
+    }
+
+    #[test]
+    fn version_one_hints_are_still_read() {
+        let vh = VolumeHeader { slot: 2, generation: 5, sequence: 9, salt: 1, created_ms: 0, dir_id: [0; 16] };
+        let entry = HintEntry::Put { hash: 1, offset: 64, len: 60, expiry_ms: 0 };
+        // Version 1: the 48-byte header, no newest store time.
+        let mut b = Vec::new();
+        b.extend_from_slice(MAGIC);
+        for v in [1u32, 2, 5, 0] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [9u64, 5000, 1] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.extend_from_slice(&8u32.to_le_bytes());
+        b.extend_from_slice(&60u32.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        let h = Hint::open(&b, &vh, 5000).expect("a version-1 hint");
+        assert_eq!((h.max_stored_ms, h.iter().collect::<Vec<_>>()), (0, vec![entry]));
     }
 }

@@ -192,17 +192,54 @@ pub fn set_len(file: &File, len: u64) -> io::Result<()> {
 
 /// Replaces `path` with `bytes` atomically: temporary file, fsync, rename, directory fsync.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let f = File::create(&tmp)?;
-        write_all_vectored_at(&f, &[bytes], 0)?;
-        hook!(hook = &f, Sync);
-        f.sync_all()?;
-        #[cfg(feature = "faults")]
-        hook.synced();
+    let f = AtomicFile::create(path)?;
+    f.write_at(bytes, 0)?;
+    f.commit()
+}
+
+/// A file being written under a temporary name that replaces `path` atomically on
+/// [`AtomicFile::commit`] (fsync, rename, directory fsync), for files too large to build in
+/// memory first. Dropped uncommitted, it removes the temporary file.
+pub struct AtomicFile {
+    file: File,
+    tmp: std::path::PathBuf,
+    path: std::path::PathBuf,
+    committed: bool,
+}
+
+impl AtomicFile {
+    /// Starts the replacement of `path`.
+    pub fn create(path: &Path) -> io::Result<AtomicFile> {
+        let tmp = path.with_extension("tmp");
+        let file = File::create(&tmp)?;
+        Ok(AtomicFile { file, tmp, path: path.to_path_buf(), committed: false })
     }
-    std::fs::rename(&tmp, path)?;
-    sync_dir(path.parent().unwrap_or(Path::new(".")))
+
+    /// Writes `bytes` at `offset`.
+    pub fn write_at(&self, bytes: &[u8], offset: u64) -> io::Result<()> {
+        write_all_vectored_at(&self.file, &[bytes], offset)
+    }
+
+    /// Makes the file durable and puts it in place of `path`.
+    pub fn commit(mut self) -> io::Result<()> {
+        {
+            hook!(hook = &self.file, Sync);
+            self.file.sync_all()?;
+            #[cfg(feature = "faults")]
+            hook.synced();
+        }
+        std::fs::rename(&self.tmp, &self.path)?;
+        self.committed = true;
+        sync_dir(self.path.parent().unwrap_or(Path::new(".")))
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 /// Removes a file; a missing file is not an error.

@@ -51,6 +51,13 @@ impl ScanEvent<'_> {
         }
     }
 
+    /// The record's header.
+    pub fn header(&self) -> &Header {
+        match self {
+            ScanEvent::Valid { header, .. } | ScanEvent::Damaged { header, .. } => header,
+        }
+    }
+
     /// The record's offset in the volume.
     pub fn offset(&self) -> u64 {
         match self {
@@ -272,6 +279,9 @@ pub(crate) struct Recovered {
     pub next_sequence: u64,
     pub unhinted: Vec<usize>,
     pub report: RecoveryReport,
+    /// The newest store time recovery saw (records, hint files, volume creation times): the
+    /// writer stamps every later write after it, even if the clock has stepped back since.
+    pub max_stored_ms: u64,
 }
 
 fn read_volume_header(file: &File) -> std::io::Result<Option<VolumeHeader>> {
@@ -477,6 +487,7 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
         .map(|(_, slot)| slot);
     let max_sequence = manifest.slots.iter().map(|e| e.sequence).chain(found.iter().map(|h| h.sequence)).max();
     let dir_of = |slot: usize| &sh.dirs[sh.slots[slot].dir().expect("placed above")].path;
+    let mut max_stored_ms = found.iter().map(|h| h.created_ms).max().unwrap_or(0);
     let withheld = found.iter().take_while(|h| h.sequence < withhold_below).count();
     for vh in found.drain(..withheld) {
         let s = &sh.slots[vh.slot as usize];
@@ -529,6 +540,7 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
         if let Some(bytes) = &hint_bytes {
             match hint::Hint::open(bytes, vh, file_len) {
                 Some(h) => {
+                    max_stored_ms = max_stored_ms.max(h.max_stored_ms);
                     load_hint(sh, slot, vh.generation, &h, progress);
                     report.records += h.len();
                     scan_from = h.data_len.max(VOLUME_HEADER_LEN);
@@ -571,6 +583,7 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
         let mut seen = 0u64;
         let outcome = scan_volume(file, range, |ev| match ev {
             ScanEvent::Valid { offset, header, key } => {
+                max_stored_ms = max_stored_ms.max(header.stored_ms);
                 let hash = sh.hash(key);
                 if header.is_tombstone() || (header.expiry_ms != 0 && header.expiry_ms <= now) {
                     sh.drop_if_key(hash, key);
@@ -629,7 +642,7 @@ pub(crate) fn recover(sh: &Shared, hints_trusted: bool, progress: &RecoveryProgr
     // goes on after it.
     let start_slot = newest_slot.map_or(0, |s| (s + 1) % count);
     let next_sequence = max_sequence.map_or(1, |s| s + 1);
-    Ok(Recovered { active, start_slot, next_sequence, unhinted, report })
+    Ok(Recovered { active, start_slot, next_sequence, unhinted, report, max_stored_ms })
 }
 
 /// Applies a hint's entries to the index, in chunks: each chunk is sorted by index shard
@@ -721,17 +734,17 @@ fn load_hint(sh: &Shared, slot: usize, generation: u32, h: &hint::Hint<'_>, prog
 }
 
 /// Builds the hint entries of a sealed volume by scanning it.
-pub(crate) fn hint_entries(
+pub(crate) fn scan_hint_entries(
     sh: &Shared,
     file: &File,
     len: u64,
     generation: u32,
     salt: u32,
-) -> std::io::Result<Vec<HintEntry>> {
-    let mut entries = Vec::new();
+    mut f: impl FnMut(HintEntry, u64),
+) -> std::io::Result<()> {
     let range = ScanRange { start: VOLUME_HEADER_LEN, end: len, generation, salt, torn_tail_possible: false };
-    scan_volume(file, range, |ev| entries.push(ev.hint_entry(sh.hash(ev.key()))))?;
-    Ok(entries)
+    scan_volume(file, range, |ev| f(ev.hint_entry(sh.hash(ev.key())), ev.header().stored_ms))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -186,6 +186,9 @@ impl Value {
     }
 }
 
+/// Encoded hint entries buffered before they are written out.
+const HINT_CHUNK: usize = 1 << 20;
+
 /// Bytes read first for a part of a large record: header, longest key and metadata fit.
 const PREFIX_READ: usize = 8192;
 const _: () = assert!(HEADER_LEN + MAX_KEY_LEN + record::MAX_META_LEN <= PREFIX_READ);
@@ -375,7 +378,8 @@ struct Writer {
     undo: Vec<Undo>,
     prefix: Vec<u8>,
     /// Store time of the last put or delete: each gets a later one (by a millisecond if the
-    /// clock has not moved, or has stepped back), so no two writes share a version.
+    /// clock has not moved, or has stepped back), so no two writes share a version. Seeded
+    /// at open with the newest store time recovery saw, so this holds across restarts too.
     last_stamp: u64,
     /// Set by `close`: no record is appended after the checkpoint is taken.
     closed: bool,
@@ -541,7 +545,11 @@ impl Shared {
 
     /// Starts a new generation of `slot`: its old records become unreachable at once, its old
     /// file is emptied, and the new volume is placed on the least utilized usable directory.
-    fn start_volume(&self, slot: usize, sequence: u64, cursor: &mut usize) -> Result<()> {
+    ///
+    /// `created_ms` is the time written into its header: no earlier than any store time
+    /// stamped so far, so that recovery, which takes the newest it finds, never seeds the
+    /// writer's stamps below a write already made.
+    fn start_volume(&self, slot: usize, sequence: u64, created_ms: u64, cursor: &mut usize) -> Result<()> {
         let s = &self.slots[slot];
         let generation = s.generation.load(Ordering::Relaxed).wrapping_add(1).max(1);
         if s.len.load(Ordering::Relaxed) > VOLUME_HEADER_LEN {
@@ -573,7 +581,7 @@ impl Shared {
         let mut last_err = None;
         for _ in 0..self.dirs.len() {
             let Some(d) = self.place(cursor) else { break };
-            match self.create_volume(slot, d, generation, sequence, salt) {
+            match self.create_volume(slot, d, generation, sequence, salt, created_ms) {
                 Ok(()) => {
                     s.sequence.store(sequence, Ordering::Relaxed);
                     s.len.store(VOLUME_HEADER_LEN, Ordering::Relaxed);
@@ -639,7 +647,15 @@ impl Shared {
     }
 
     /// Records `slot`'s new volume in the manifest, then creates it in directory `d`.
-    fn create_volume(&self, slot: usize, d: usize, generation: u32, sequence: u64, salt: u32) -> Result<()> {
+    fn create_volume(
+        &self,
+        slot: usize,
+        d: usize,
+        generation: u32,
+        sequence: u64,
+        salt: u32,
+        created_ms: u64,
+    ) -> Result<()> {
         let s = &self.slots[slot];
         let dir = &self.dirs[d];
         {
@@ -671,7 +687,7 @@ impl Shared {
         }
         let file = s.files[d].get().expect("set above");
         io::set_len(file, 0).map_err(|e| Error::io("resetting a volume", e))?;
-        let vh = VolumeHeader { slot: slot as u32, generation, sequence, salt, created_ms: now_ms(), dir_id: dir.id };
+        let vh = VolumeHeader { slot: slot as u32, generation, sequence, salt, created_ms, dir_id: dir.id };
         io::write_all_vectored_at(file, &[&vh.encode()], 0).map_err(|e| Error::io("writing a volume header", e))?;
         if self.cfg.fsync != FsyncPolicy::Never {
             io::sync_data(file).map_err(|e| Error::io("syncing a volume header", e))?;
@@ -689,7 +705,7 @@ impl Shared {
         let old = w.active;
         let next = (old + 1) % self.slots.len();
         let sequence = sequence_after(w.next_sequence);
-        self.start_volume(next, sequence, &mut w.cursor)?;
+        self.start_volume(next, sequence, now_ms().max(w.last_stamp), &mut w.cursor)?;
         w.next_sequence = sequence + 1;
         // The slot after the new active one is the next to be overwritten: copy its hot
         // entries forward while the new volume fills.
@@ -948,14 +964,41 @@ impl Shared {
             Some(n) => self.wait_durable(n)?,
             None => io::sync_data(file).map_err(|e| Error::io("syncing a recovered volume", e))?,
         }
-        let entries =
-            recovery::hint_entries(self, file, len, generation, salt).map_err(|e| Error::io("reading a volume", e))?;
+        // Streamed: a volume of tiny records has millions of entries, and neither they nor
+        // the encoded file are ever held whole (the scan reads in 4 MiB windows; entries are
+        // written out every `HINT_CHUNK` bytes).
+        let path = hint_path(&dir.path, slot);
+        let out = io::AtomicFile::create(&path).map_err(|e| Error::io("writing a hint file", e))?;
+        let mut enc = hint::Encoder::default();
+        let mut at = hint::Encoder::ENTRIES_AT;
+        let mut failed = None;
+        let mut write = |enc: &mut hint::Encoder| {
+            enc.flush(|b| {
+                let r = out.write_at(b, at);
+                at += b.len() as u64;
+                r
+            })
+        };
+        recovery::scan_hint_entries(self, file, len, generation, salt, |entry, stored_ms| {
+            enc.push(&entry, stored_ms);
+            if enc.pending() >= HINT_CHUNK && failed.is_none() {
+                failed = write(&mut enc).err();
+            }
+        })
+        .map_err(|e| Error::io("reading a volume", e))?;
+        if let Some(e) = failed {
+            return Err(Error::io("writing a hint file", e));
+        }
+        write(&mut enc).map_err(|e| Error::io("writing a hint file", e))?;
         if s.generation.load(Ordering::Acquire) != generation {
             return Ok(()); // the ring reused the slot meanwhile
         }
         let vh = VolumeHeader { slot: slot as u32, generation, sequence, salt, created_ms: 0, dir_id: dir.id };
-        let bytes = hint::encode(&vh, len, &entries);
-        io::write_atomic(&hint_path(&dir.path, slot), &bytes).map_err(|e| Error::io("writing a hint file", e))?;
+        let (header, trailer) = enc.finish(&vh, len);
+        out.write_at(&trailer, at)
+            .and_then(|()| out.write_at(&header, 0))
+            .and_then(|()| out.commit())
+            .map_err(|e| Error::io("writing a hint file", e))?;
         self.counters.hints_written.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -1485,7 +1528,7 @@ impl Store {
                 let w = shared.writer.get_mut();
                 let mut cursor = w.cursor;
                 let sequence = sequence_after(rec.next_sequence);
-                shared.start_volume(slot, sequence, &mut cursor)?;
+                shared.start_volume(slot, sequence, now_ms().max(rec.max_stored_ms), &mut cursor)?;
                 shared.writer.get_mut().cursor = cursor;
                 ((slot, VOLUME_HEADER_LEN), sequence + 1)
             }
@@ -1493,6 +1536,9 @@ impl Store {
         {
             let w = shared.writer.get_mut();
             (w.active, w.offset, w.next_sequence) = (active.0, active.1, next_sequence);
+            // Store times go on from the newest stored: a clock stepped back (or a restart
+            // within the millisecond of the last write) never repeats a version's stamp.
+            w.last_stamp = rec.max_stored_ms;
             shared.active.store(active.0 as u32, Ordering::Relaxed);
         }
         {
