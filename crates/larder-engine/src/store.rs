@@ -1645,7 +1645,7 @@ impl Store {
                 _ => None,
             };
             let Some(w) = self.writer(wait, need) else { return Ok(None) };
-            if same(sh.index.get(hash), loc) {
+            if !look || same(sh.index.get(hash), loc) {
                 return Ok(Some((w, Current { loc, live })));
             }
         }
