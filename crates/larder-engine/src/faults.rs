@@ -49,7 +49,8 @@ pub enum Failure {
     /// affected.
     Short,
     /// The operation takes this many milliseconds longer, then succeeds: a slow device. A
-    /// non-blocking read answers "would block" at once, as it would for a cold page.
+    /// non-blocking read answers "would block" at once, as it would for a cold page. A read
+    /// delay also holds up looks at the directory's free space (`statvfs`).
     Delay(u64),
 }
 
@@ -273,6 +274,22 @@ pub fn skew_clock(ms: i64) {
     CLOCK_SKEW.store(ms, Ordering::Relaxed);
 }
 
+/// Operations held in an injected delay right now (see [`Failure::Delay`]): lets a test wait
+/// until a read is in the air instead of guessing with a sleep.
+static DELAYED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many operations are being held by a delay rule at this moment.
+pub fn delayed() -> usize {
+    DELAYED.load(Ordering::Acquire)
+}
+
+/// Serves an injected delay.
+pub(crate) fn hold(d: std::time::Duration) {
+    DELAYED.fetch_add(1, Ordering::AcqRel);
+    std::thread::sleep(d);
+    DELAYED.fetch_sub(1, Ordering::AcqRel);
+}
+
 /// The skew set by [`skew_clock`].
 pub fn clock_skew() -> i64 {
     CLOCK_SKEW.load(Ordering::Relaxed)
@@ -362,7 +379,7 @@ impl Hook {
         match self.take_verdict() {
             Verdict::Proceed | Verdict::ShortRead => None,
             Verdict::Delay(d) => {
-                std::thread::sleep(d);
+                hold(d);
                 None
             }
             Verdict::Fail(e) | Verdict::Short(_, e) => Some(e),
@@ -408,6 +425,36 @@ pub(crate) fn before(file: &std::fs::File, op: Op, nowait: bool) -> Hook {
     };
     drop(dir);
     Hook { verdict, log: pending.map(|p| (d, path, p)), _cut: Some(cut) }
+}
+
+/// Serves a read delay rule, if one applies, to a look at the file system under `path` that
+/// has no open file (its free space: a slow device stalls `statvfs` too). Only delays: other
+/// rules are left for the reads they were written for.
+pub(crate) fn delay_path(path: &Path) {
+    if !ACTIVE.load(Ordering::Acquire) {
+        return;
+    }
+    let Ok(path) = path.canonicalize() else { return };
+    let d = {
+        let dirs = DIRS.lock();
+        let Some((_, d)) = dirs.iter().find(|(dir, _)| path.starts_with(dir)) else { return };
+        d.clone()
+    };
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let delay = d.lock().rules.iter_mut().find_map(|r| match r.failure {
+        Failure::Delay(ms) if r.op == Op::Read && r.count > 0 && name.contains(r.file.as_str()) => {
+            if r.skip > 0 {
+                r.skip -= 1;
+                return None;
+            }
+            r.count = r.count.saturating_sub(if r.count == u64::MAX { 0 } else { 1 });
+            Some(std::time::Duration::from_millis(ms))
+        }
+        _ => None,
+    });
+    if let Some(d) = delay {
+        hold(d);
+    }
 }
 
 /// Before writing `len` bytes at `offset` of `file` (`set_len` is `Some(new_len)` for a

@@ -1,14 +1,13 @@
 //! Request coalescing: concurrent reads of one record that must go to disk share one read.
 //!
 //! A reader looks the key up in the index first, then joins the flight of that exact record
-//! (slot, offset, generation tag) or, if none is in the air, registers one and reads. A write
+//! (slot, offset and the slot's whole generation) or, if none is in the air, registers one and reads. A write
 //! changes the index before it is acknowledged, so a reader that starts after the
 //! acknowledgement looks up the new record and never joins a read of the old one: it leads a
 //! read of its own, which replaces the old flight in the table (the old one still answers the
 //! readers that joined it, which all started before the write). Flights are found by the key's
 //! hash and confirmed by the full key, so two keys sharing a hash never share bytes.
 
-use crate::index::Loc;
 use crate::store::{Seen, Value};
 use crate::{Error, ErrorKind};
 use parking_lot::{Condvar, Mutex};
@@ -23,7 +22,7 @@ type Outcome = std::result::Result<Found, (ErrorKind, String)>;
 pub(crate) struct Flight {
     key: Box<[u8]>,
     /// The record being read.
-    loc: Loc,
+    seen: Seen,
     followers: AtomicU32,
     outcome: Mutex<Option<Outcome>>,
     done: Condvar,
@@ -80,25 +79,26 @@ impl Flights {
         self.active.load(Ordering::Acquire) != 0 && self.shard(hash).lock().contains_key(&hash)
     }
 
-    /// Joins the read of the record at `loc` (which the index named for `key`), or leads one.
-    pub fn join(&self, hash: u64, key: &[u8], loc: Loc) -> Join<'_> {
+    /// Joins the read of the record `seen` (which the index named for `key`: its location and
+    /// the slot's whole generation), or leads one.
+    pub fn join(&self, hash: u64, key: &[u8], seen: Seen) -> Join<'_> {
         let mut m = self.shard(hash).lock();
         if let Some(f) = m.get(&hash) {
             if &*f.key != key {
                 return Join::Alone;
             }
-            if f.loc.same_place(loc) {
+            if f.seen.loc.same_place(seen.loc) && f.seen.generation == seen.generation {
                 f.followers.fetch_add(1, Ordering::Relaxed);
                 return Join::Follow(f.clone());
             }
             // A read of another record of the key is in the air: an older one (its outcome
             // must not answer a reader that started after the write that replaced it) or, if
             // this reader's lookup is the older one, a newer one. Either way, lead a read of
-            // `loc`; readers of the same record from now on join this one.
+            // `seen`; readers of the same record from now on join this one.
         }
         let flight = Arc::new(Flight {
             key: key.into(),
-            loc,
+            seen,
             followers: AtomicU32::new(0),
             outcome: Mutex::new(None),
             done: Condvar::new(),

@@ -103,7 +103,7 @@ pub fn write_all_vectored_at(file: &File, parts: &[&[u8]], offset: u64) -> io::R
         match h.take_verdict() {
             Verdict::Proceed | Verdict::ShortRead => h,
             Verdict::Delay(d) => {
-                std::thread::sleep(d);
+                crate::faults::hold(d);
                 h
             }
             Verdict::Fail(e) => return Err(e),
@@ -263,6 +263,8 @@ pub fn lower_thread_priority() {
 /// The filesystem `path` is on (its device number) and the bytes free on it for an
 /// unprivileged writer, for placing volumes by utilization.
 pub fn free_space(path: &Path) -> io::Result<(u64, u64)> {
+    #[cfg(feature = "faults")]
+    crate::faults::delay_path(path);
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(path)?.dev();

@@ -10,13 +10,14 @@
 //!   the one crate that offers all of them behind one interface, for workloads where another
 //!   policy wins. moka measured slowest with no better hit ratio, so it is not offered.
 //!
-//! Consistency with the disk, one rule: memory never holds a value that the index does not
-//! name. Every change of a key's index entry (PUT, DELETE, the undo after a failed fsync,
-//! expiry) is followed by [`Memory::reconcile`] under the key's stripe lock, and a promotion
-//! goes through the same call, storing the value only if the index still names the record
-//! (slot, offset and the slot's whole generation) it was read from. Whichever side takes the
-//! lock second sees the other's effect, so once a write has returned no GET finds an older
-//! value here.
+//! Consistency with the disk, one rule: a value enters memory only while the index names the
+//! record it came from, and every write's change of a key's index entry (PUT, DELETE, the undo
+//! after a failed fsync) and every expiry is followed by [`Memory::reconcile`], which drops the
+//! key. Both happen under the key's stripe lock, so whichever comes second sees the other's
+//! effect, and memory never holds a value older than its key's newest write: once a write has
+//! returned no GET finds an older value here. (Changes that are not writes leave memory be:
+//! the ring evicting a volume, a damaged record, reinsertion copying a record, a colliding
+//! key taking an index slot. What memory holds then is still the key's newest write.)
 
 use crate::store::Position;
 use bytes::Bytes;

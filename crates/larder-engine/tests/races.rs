@@ -201,7 +201,15 @@ fn a_promotion_compares_the_whole_generation() {
         }
         let again = store.put(b"k", &[2u8; 3000]).unwrap();
         assert_eq!((again.volume, again.offset, again.size), (first.volume, first.offset, first.size));
+        // The held reader still leads its flight. A GET now looks up the same slot, offset and
+        // 7-bit tag, but another generation: it must not join that read.
+        let (tx, rx) = mpsc::channel();
+        let store = &store;
+        s.spawn(move || tx.send(data(store, b"k").map(|d| d[0])).unwrap());
+        let quick = rx.recv_timeout(Duration::from_secs(1)).ok();
         promote.release();
+        let after = quick.unwrap_or_else(|| rx.recv().unwrap());
+        assert_eq!(after, Some(2), "a GET joined a read of the record 128 generations ago");
         reader.join().unwrap();
     });
     let first_byte = data(&store, b"k").map(|d| d[0]);

@@ -233,7 +233,8 @@ fn unauthorized(app: &App, headers: &HeaderMap) -> Option<Resp> {
 /// `/_larder/faults`, in builds with the engine's fault layer only (tests): POST a rule such
 /// as `write nospace` to make the data directory's I/O fail (`dir=N write eio` for the Nth
 /// `--data-dir`, from 0), or `power-cut` (with the server started with `LARDER_FAULTS=track`)
-/// to simulate a power loss; DELETE clears faults. Off unless the environment variable
+/// to simulate a power loss; DELETE clears faults; GET says how many operations a `delay`
+/// rule holds at the moment (`delayed N`). Off unless the environment variable
 /// `LARDER_FAULTS` is set too.
 async fn faults(app: &App, req: Request<Incoming>) -> Resp {
     use larder_engine::faults;
@@ -281,7 +282,10 @@ async fn faults(app: &App, req: Request<Incoming>) -> Resp {
             dirs.iter().for_each(|d| faults::clear(d));
             text(StatusCode::OK, "cleared\n")
         }
-        _ => method_not_allowed("POST, DELETE"),
+        // How many operations a delay rule holds right now: a test waits for a read to be in
+        // the air rather than sleeping and hoping.
+        Method::GET => text_owned(StatusCode::OK, format!("delayed {}\n", faults::delayed())),
+        _ => method_not_allowed("GET, POST, DELETE"),
     }
 }
 
