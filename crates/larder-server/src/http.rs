@@ -39,6 +39,29 @@ pub struct App {
     pub body_budget: BodyBudget,
 }
 
+/// A request extension: the connection's count of requests the server holds up. While it is
+/// above zero the connection's idle timeout does not run, so that waiting for room in the body
+/// budget, however long, never closes a connection.
+#[derive(Clone)]
+pub struct Held(pub Arc<std::sync::atomic::AtomicU32>);
+
+/// Counts one held request until dropped (the wait may end by the request being cancelled).
+struct Holding(Arc<std::sync::atomic::AtomicU32>);
+
+impl Holding {
+    fn new(held: Option<&Held>) -> Option<Holding> {
+        let h = held?;
+        h.0.fetch_add(1, Ordering::Relaxed);
+        Some(Holding(h.0.clone()))
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// The bytes of request bodies held in memory at once, across all connections: a request
 /// waits for its share before its body is read (backpressure: never a drop, never a 5xx for
 /// load). Counted in KiB, the semaphore's unit, so that any size fits its permit counts.
@@ -625,7 +648,9 @@ async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
     // Room for the body before a byte of it is read; a body of unknown length (chunked) gets
     // the largest it may be, and gives back what it did not use once it is in. One reservation
     // per request, so that requests never hold part of the budget while waiting for more.
+    let holding = Holding::new(req.extensions().get::<Held>());
     let mut room = app.body_budget.reserve(declared.unwrap_or(limit)).await;
+    drop(holding);
     let body = match read_body(req.into_body(), limit, declared.unwrap_or(0)).await {
         Ok(b) => {
             let used = BodyBudget::charge(b.len() as u64).div_ceil(1024) as usize;

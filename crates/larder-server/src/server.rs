@@ -33,6 +33,9 @@ struct Activity {
     read_at_answer: AtomicU64,
     /// [`coarse_ms`] when a byte last moved either way (or the connection was accepted).
     moved_at: AtomicU64,
+    /// Requests of this connection the server itself holds up (a PUT waiting for room in the
+    /// body budget): the connection is not idle meanwhile, however long that takes.
+    held: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// Milliseconds since the server started, updated every [`COARSE_TICK`] by a background task:
@@ -166,7 +169,7 @@ impl Watchdog {
         let now = Instant::now();
         let read = a.read.load(Ordering::Relaxed);
         let moved = read + a.written.load(Ordering::Relaxed);
-        if moved != self.moved {
+        if moved != self.moved || a.held.load(Ordering::Relaxed) > 0 {
             (self.moved, self.quiet_since) = (moved, now);
         } else if !self.idle.is_zero() && now.duration_since(self.quiet_since) >= self.idle {
             return true;
@@ -292,8 +295,13 @@ async fn serve_connection(
     let mut watchdog = Watchdog::new(s.idle_timeout, s.header_timeout);
     let max_header = (s.max_header_size as usize).max(64);
     let seen = activity.clone();
-    let service = service_fn(move |req| {
+    let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         seen.started.fetch_add(1, Ordering::Relaxed);
+        // Only a PUT can be held up by the server (see `Activity::held`); other requests pay
+        // nothing for it.
+        if req.method() == hyper::Method::PUT {
+            req.extensions_mut().insert(crate::http::Held(seen.held.clone()));
+        }
         let (app, seen) = (app.clone(), seen.clone());
         async move {
             let mut resp = handle(app.clone(), req).await?;

@@ -88,3 +88,34 @@ fn a_thousand_slow_uploads_stay_within_the_body_budget_and_all_are_stored() {
     }
     assert_eq!(s.stats()["puts"].as_u64().unwrap(), CLIENTS as u64 + 1);
 }
+
+/// A PUT waiting for room moves no bytes, for longer than the idle timeout here: the server is
+/// the one holding it up, so its connection stays open and the PUT is stored once room frees.
+#[test]
+fn a_put_waiting_for_room_outlasts_the_idle_timeout() {
+    let s = Server::start(&["--fsync", "never", "--idle-timeout", "1s", "--max-body-memory", "1MiB"]);
+    let value = bytes(9, VALUE);
+    std::thread::scope(|scope| {
+        // Holds the whole budget for about 3 s: 16 pieces, 200 ms apart.
+        let first = scope.spawn(|| {
+            let s2 = TcpStream::connect(s.addr).unwrap();
+            let mut w = s2.try_clone().unwrap();
+            write!(w, "PUT /first HTTP/1.1\r\nHost: larder\r\nContent-Length: {}\r\n\r\n", value.len()).unwrap();
+            for piece in value.chunks(64 << 10) {
+                w.write_all(piece).unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let mut status = String::new();
+            BufReader::new(s2).read_line(&mut status).unwrap();
+            status
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        // Sends its headers and body at once, then waits for room for over 2 s.
+        let mut c = s.client();
+        let r = c.put("/second", &value);
+        assert_eq!(r.status, 200, "the waiting PUT was not stored");
+        assert!(first.join().unwrap().starts_with("HTTP/1.1 200"));
+    });
+    let mut c = s.client();
+    assert!(c.get("/second").body == value && c.get("/first").body == value);
+}
