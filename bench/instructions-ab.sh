@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# instructions-ab.sh: what a change costs a GET in instructions, which, unlike CPU time, do
+# not depend on what else the machine is doing. Runs two larder binaries, A and B (by default
+# this tree's release build), each under valgrind's callgrind with the same settings, preloads
+# the same 4 KiB values, zeroes the counters, sends the same GETs, and prints the server's
+# instructions per request for each and B / A. Every instruction the server process executes
+# counts (all threads: tokio workers, the blocking pool, the kernel interface excluded).
+#
+#   bench/instructions-ab.sh ../larder-a/target/release/larder -- --promote-after 1    # memory hits
+#   bench/instructions-ab.sh ../larder-a/target/release/larder -- --memory-capacity 0  # page cache
+#
+# REQUESTS=20000 KEYS=2000 SIZE=4096. Needs valgrind (Debian's package).
+set -euo pipefail
+A=$(realpath "${1:?usage: instructions-ab.sh BINARY_A [BINARY_B] [-- larder serve args]}")
+shift
+B=target/release/larder
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then B=$(realpath "$1"); shift; fi
+[ "${1:-}" = "--" ] && shift
+cd "$(dirname "$0")/.."
+REQUESTS=${REQUESTS:-20000}
+KEYS=${KEYS:-2000}
+SIZE=${SIZE:-4096}
+command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
+cargo build --release -p larder-server -p larder-bench -q
+work=$(mktemp -d)
+pid=
+cleanup() {
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# ir NAME BINARY PORT ARGS...: instructions the server ran for the measured GETs.
+ir() {
+  local name=$1 bin=$2 port=$3
+  shift 3
+  valgrind --tool=callgrind --callgrind-out-file="$work/$name.out" "$bin" serve --data-dir "$work/$name" \
+    --listen "127.0.0.1:$port" --log-level error "$@" >/dev/null 2>"$work/$name.log" &
+  pid=$!
+  for _ in $(seq 600); do
+    curl -sf -o /dev/null "http://127.0.0.1:$port/_larder/health" && break
+    sleep 0.1
+  done
+  local load=(target/release/larder-bench http "http://127.0.0.1:$port/g" --distribution sequential
+    --keys "$KEYS" --value-size "$SIZE" --connections 8 --quiet)
+  "${load[@]}" --workload put --requests "$KEYS"
+  "${load[@]}" --workload get --requests "$((KEYS * 2))" # warm: both tiers, as the settings make them
+  callgrind_control -z "$pid" >/dev/null
+  "${load[@]}" --workload get --requests "$REQUESTS" --check-length
+  callgrind_control -d "$pid" >/dev/null
+  # The dump asked for after zeroing (`NAME.out.1`; the one at exit comes later, as
+  # `NAME.out`) holds exactly the measured GETs.
+  awk '/^summary:|^totals:/ {print $2; exit}' "$work/$name.out.1"
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  pid=
+}
+
+a=$(ir a "$A" 18261 "$@")
+b=$(ir b "$B" 18262 "$@")
+python3 - "$a" "$b" "$REQUESTS" "$*" <<'EOF'
+import sys
+a, b, n = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+print(f"| GET 4 KiB, `{sys.argv[4] or 'defaults'}` | instructions / request |")
+print("|---|---|")
+print(f"| A | {a / n:,.0f} |")
+print(f"| B | {b / n:,.0f} |")
+print(f"\nB / A: instructions per request {b / a:.3f}x")
+EOF
