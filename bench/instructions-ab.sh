@@ -9,7 +9,7 @@
 #   bench/instructions-ab.sh ../larder-a/target/release/larder -- --promote-after 1    # memory hits
 #   bench/instructions-ab.sh ../larder-a/target/release/larder -- --memory-capacity 0  # page cache
 #
-# REQUESTS=20000 KEYS=2000 SIZE=4096. Needs valgrind (Debian's package).
+# REQUESTS=20000 KEYS=2000 SIZE=4096. Installs valgrind from Debian's packages if missing.
 set -euo pipefail
 A=$(realpath "${1:?usage: instructions-ab.sh BINARY_A [BINARY_B] [-- larder serve args]}")
 shift
@@ -20,7 +20,11 @@ cd "$(dirname "$0")/.."
 REQUESTS=${REQUESTS:-20000}
 KEYS=${KEYS:-2000}
 SIZE=${SIZE:-4096}
-command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
+scripts/install-bench-deps.sh
+if ! command -v valgrind >/dev/null; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq valgrind
+fi
 cargo build --release -p larder-server -p larder-bench -q
 work=$(mktemp -d)
 pid=

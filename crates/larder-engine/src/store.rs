@@ -1650,7 +1650,11 @@ impl Store {
         let sh = &*self.shared;
         let mut round = 0;
         loop {
-            let locked = (look && wait && round == ROUNDS).then(|| sh.writer.lock());
+            let last = round == ROUNDS;
+            if last && !wait {
+                return Ok(None); // the blocking path reads under the lock
+            }
+            let locked = (look && last).then(|| sh.writer.lock());
             let loc = sh.index.get(hash);
             // The whole generation: the location keeps only 7 bits of it.
             let generation = loc.and_then(|l| sh.live_generation(l));
@@ -1662,9 +1666,12 @@ impl Store {
                 },
                 _ => None,
             };
+            if look && locked.is_none() {
+                crate::pause::point("write.looked", key);
+            }
             let Some(w) = locked.or_else(|| self.writer(wait, need)) else { return Ok(None) };
             let now = sh.index.get(hash);
-            if !look || round == ROUNDS || (same(now, loc) && now.and_then(|l| sh.live_generation(l)) == generation) {
+            if !look || last || (same(now, loc) && now.and_then(|l| sh.live_generation(l)) == generation) {
                 return Ok(Some((w, Current { loc, live })));
             }
             round += 1;

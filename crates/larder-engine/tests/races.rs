@@ -36,18 +36,18 @@ impl Drop for Faulty<'_> {
 /// A GET is held inside the disk read it leads; a write of the key is acknowledged; a second
 /// GET starts. It must not join the read in the air (which began before the write) and must
 /// answer what the write left. Before the fix it joined, and answered the old value.
-fn get_after_write_skips_the_read_in_the_air(write: impl FnOnce(&Store), expect: Option<&[u8]>) {
+fn get_after_write_skips_the_read_in_the_air(k: &[u8], write: impl FnOnce(&Store), expect: Option<&[u8]>) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(config(dir.path())).unwrap();
-    store.put(b"k", b"old value").unwrap();
-    let lead = pause::arm("flight.lead", b"k");
+    store.put(k, b"old value").unwrap();
+    let lead = pause::arm("flight.lead", k);
     std::thread::scope(|s| {
-        let leader = s.spawn(|| data(&store, b"k"));
+        let leader = s.spawn(|| data(&store, k));
         assert!(lead.wait_arrived(ARRIVAL), "the first GET never led a disk read");
         write(&store);
         let (tx, rx) = mpsc::channel();
         let store = &store;
-        s.spawn(move || tx.send(data(store, b"k")).unwrap());
+        s.spawn(move || tx.send(data(store, k)).unwrap());
         // A GET that joined the held read waits for it: give it a moment, then let the
         // leader go either way, so that a wrong answer shows as a failure, not a hang.
         let quick = rx.recv_timeout(Duration::from_secs(1)).ok();
@@ -57,17 +57,21 @@ fn get_after_write_skips_the_read_in_the_air(write: impl FnOnce(&Store), expect:
         // The held GET began before the write: either answer is fine for it.
         leader.join().unwrap();
     });
-    assert_eq!(data(&store, b"k").as_deref(), expect);
+    assert_eq!(data(&store, k).as_deref(), expect);
 }
 
 #[test]
 fn a_get_after_a_put_never_joins_a_read_that_began_before_it() {
-    get_after_write_skips_the_read_in_the_air(|s| assert!(s.put(b"k", b"new value").is_ok()), Some(b"new value"));
+    get_after_write_skips_the_read_in_the_air(
+        b"put-k",
+        |s| assert!(s.put(b"put-k", b"new value").is_ok()),
+        Some(b"new value"),
+    );
 }
 
 #[test]
 fn a_get_after_a_delete_never_joins_a_read_that_began_before_it() {
-    get_after_write_skips_the_read_in_the_air(|s| assert!(s.delete(b"k").unwrap()), None);
+    get_after_write_skips_the_read_in_the_air(b"delete-k", |s| assert!(s.delete(b"delete-k").unwrap()), None);
 }
 
 /// Linux 5.9 and 5.10 may answer a non-blocking read that would block with a short count
@@ -124,21 +128,21 @@ fn a_failed_sync_undo_racing_a_promotion_keeps_the_old_value() {
     let dir = tempfile::tempdir().unwrap();
     let memory = MemoryConfig { promote_after: 1, ..MemoryConfig::default() };
     let store = Store::open(StoreConfig { fsync: FsyncPolicy::Always, memory, ..config(dir.path()) }).unwrap();
-    store.put(b"k", b"durable").unwrap();
+    store.put(b"undo-k", b"durable").unwrap();
     let _faulty = Faulty(dir.path());
     faults::inject(dir.path(), Rule::parse("sync eio count=1").unwrap()).unwrap();
-    let undo = pause::arm("undo.between", b"k");
+    let undo = pause::arm("undo.between", b"undo-k");
     std::thread::scope(|s| {
-        let writer = s.spawn(|| store.put(b"k", b"never acknowledged"));
+        let writer = s.spawn(|| store.put(b"undo-k", b"never acknowledged"));
         assert!(undo.wait_arrived(ARRIVAL), "the failed sync never undid the write");
         // Whatever this GET answers (the write is not acknowledged yet), it must not leave
         // the failed value behind.
-        let _ = data(&store, b"k");
+        let _ = data(&store, b"undo-k");
         undo.release();
         assert_eq!(writer.join().unwrap().unwrap_err().kind(), ErrorKind::Io);
     });
     for _ in 0..3 {
-        assert_eq!(data(&store, b"k").as_deref(), Some(&b"durable"[..]), "the failed write is served");
+        assert_eq!(data(&store, b"undo-k").as_deref(), Some(&b"durable"[..]), "the failed write is served");
     }
 }
 
@@ -152,26 +156,26 @@ fn a_conditional_write_after_a_put_never_checks_against_the_replaced_value() {
     let dir = tempfile::tempdir().unwrap();
     let memory = MemoryConfig { promote_after: 1, ..MemoryConfig::default() };
     let store = Store::open(StoreConfig { memory, ..config(dir.path()) }).unwrap();
-    let v1 = store.put_with(b"k", b"first", &PutOptions::default()).unwrap().version;
-    store.get(b"k").unwrap();
-    assert_eq!(store.get(b"k").unwrap().unwrap().tier, larder_engine::Tier::Memory);
-    let unlocked = pause::arm("put.unlocked", b"k");
+    let v1 = store.put_with(b"cas-k", b"first", &PutOptions::default()).unwrap().version;
+    store.get(b"cas-k").unwrap();
+    assert_eq!(store.get(b"cas-k").unwrap().unwrap().tier, larder_engine::Tier::Memory);
+    let unlocked = pause::arm("put.unlocked", b"cas-k");
     let store = &store;
     std::thread::scope(|s| {
         let expired = PutOptions { ttl: Some(Duration::ZERO), ..PutOptions::default() };
         let put = s.spawn(move || store_put(store, &expired));
         assert!(unlocked.wait_arrived(ARRIVAL), "the PUT never released the writer lock");
         let cas = PutOptions { preconditions: &[Precondition::OneOf(vec![v1])], ..PutOptions::default() };
-        let r = store.put_with(b"k", b"third", &cas);
+        let r = store.put_with(b"cas-k", b"third", &cas);
         unlocked.release();
         put.join().unwrap();
         assert_eq!(r.map(|_| ()).unwrap_err().kind(), ErrorKind::PreconditionFailed);
     });
-    assert!(store.get(b"k").unwrap().is_none());
+    assert!(store.get(b"cas-k").unwrap().is_none());
 }
 
 fn store_put(store: &Store, opts: &PutOptions<'_>) {
-    store.put_with(b"k", b"second", opts).unwrap();
+    store.put_with(b"cas-k", b"second", opts).unwrap();
 }
 
 /// A value enters memory only if the index still names the record it was read from, and
@@ -190,28 +194,53 @@ fn a_promotion_compares_the_whole_generation() {
         ..config(dir.path())
     };
     let store = Store::open(cfg).unwrap();
-    let first = store.put(b"k", &[1u8; 3000]).unwrap();
-    let promote = pause::arm("promote", b"k");
+    let first = store.put(b"gen-k", &[1u8; 3000]).unwrap();
+    let promote = pause::arm("promote", b"gen-k");
     std::thread::scope(|s| {
-        let reader = s.spawn(|| data(&store, b"k"));
+        let reader = s.spawn(|| data(&store, b"gen-k"));
         assert!(promote.wait_arrived(ARRIVAL), "the GET never reached its promotion");
         // One record fills a volume: each write turns the ring (generation + 1).
         for i in 0..127 {
             store.put(format!("f{i:03}").as_bytes(), &[0u8; 3000]).unwrap();
         }
-        let again = store.put(b"k", &[2u8; 3000]).unwrap();
+        let again = store.put(b"gen-k", &[2u8; 3000]).unwrap();
         assert_eq!((again.volume, again.offset, again.size), (first.volume, first.offset, first.size));
         // The held reader still leads its flight. A GET now looks up the same slot, offset and
         // 7-bit tag, but another generation: it must not join that read.
         let (tx, rx) = mpsc::channel();
         let store = &store;
-        s.spawn(move || tx.send(data(store, b"k").map(|d| d[0])).unwrap());
+        s.spawn(move || tx.send(data(store, b"gen-k").map(|d| d[0])).unwrap());
         let quick = rx.recv_timeout(Duration::from_secs(1)).ok();
         promote.release();
         let after = quick.unwrap_or_else(|| rx.recv().unwrap());
         assert_eq!(after, Some(2), "a GET joined a read of the record 128 generations ago");
         reader.join().unwrap();
     });
-    let first_byte = data(&store, b"k").map(|d| d[0]);
+    let first_byte = data(&store, b"gen-k").map(|d| d[0]);
     assert_eq!(first_byte, Some(2), "a value of 128 generations ago was promoted");
+}
+
+/// A DELETE reads the key's record before it takes the writer lock (so that no writer waits on
+/// its disk read) and checks, under the lock, that the index still names what it read. Here a
+/// PUT of the key lands between the read and the lock, three times over: each time the DELETE
+/// must read again, and in the end delete the newest value, not answer `200` and leave it.
+#[test]
+fn a_delete_whose_key_is_written_between_its_read_and_the_lock_reads_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(config(dir.path())).unwrap();
+    store.put(b"reread-k", b"v0").unwrap();
+    std::thread::scope(|s| {
+        let mut looked = pause::arm("write.looked", b"reread-k");
+        let delete = s.spawn(|| store.delete(b"reread-k"));
+        for round in 1..=3 {
+            assert!(looked.wait_arrived(ARRIVAL), "round {round}: the DELETE never read the key");
+            let next = pause::arm("write.looked", b"reread-k");
+            store.put(b"reread-k", format!("v{round}").as_bytes()).unwrap();
+            looked.release();
+            looked = next;
+        }
+        drop(looked); // the last round reads under the lock: nothing may hold it now
+        assert!(delete.join().unwrap().unwrap(), "the key had a value");
+    });
+    assert!(store.get(b"reread-k").unwrap().is_none(), "the DELETE answered 200 and left a newer value");
 }
