@@ -39,10 +39,9 @@ pub struct App {
     pub body_budget: BodyBudget,
 }
 
-/// A request extension: the connection's count of requests the server holds up. While it is
-/// above zero the connection's idle timeout does not run, so that waiting for room in the body
-/// budget, however long, never closes a connection.
-#[derive(Clone)]
+/// The connection's count of requests the server holds up, handed to the handler of a PUT.
+/// While it is above zero the connection's idle timeout does not run, so that waiting for room
+/// in the body budget, however long, never closes a connection.
 pub struct Held(pub Arc<std::sync::atomic::AtomicU32>);
 
 /// Counts one held request until dropped (the wait may end by the request being cancelled).
@@ -152,12 +151,17 @@ fn position_value(p: larder_engine::Position) -> HeaderValue {
 }
 
 /// Handles one request, timing it for the slow-request warning and the access log.
-pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Resp, std::convert::Infallible> {
+/// `held` is the connection's count of held requests, given for a PUT (see [`Held`]).
+pub async fn handle(
+    app: Arc<App>,
+    req: Request<Incoming>,
+    held: Option<Held>,
+) -> Result<Resp, std::convert::Infallible> {
     let started = Instant::now();
     let method = req.method().clone();
     // A Uri clone shares its bytes (no allocation); it is kept only for the logs below.
     let uri = req.uri().clone();
-    let resp = route(&app, req).await;
+    let resp = route(&app, req, held).await;
     let elapsed = started.elapsed();
     if !uri.path().starts_with("/_larder/") {
         let body =
@@ -179,7 +183,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Resp, std::
     Ok(resp)
 }
 
-async fn route(app: &Arc<App>, req: Request<Incoming>) -> Resp {
+async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Resp {
     let uri_len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if uri_len as u64 > app.settings.max_uri_size {
         return text(StatusCode::URI_TOO_LONG, "URI too long\n");
@@ -226,7 +230,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> Resp {
             // request, and PUT's (the body budget's wait, the body, the blocking write) would
             // make every GET's larger too (measured: ~240 instructions a GET, all memcpy, with
             // bench/instructions-ab.sh).
-            Box::pin(put(app, req, key)).await
+            Box::pin(put(app, req, key, held)).await
         }
         _ => {
             let preconditions = headers::write_preconditions(req.headers());
@@ -626,7 +630,7 @@ impl PutHeaders {
     }
 }
 
-async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
+async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Option<Held>) -> Resp {
     let extra = match PutHeaders::parse(req.headers(), &app.settings) {
         Ok(p) => p,
         Err(m) => return text_owned(StatusCode::BAD_REQUEST, m),
@@ -652,7 +656,7 @@ async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>) -> Resp {
     // Room for the body before a byte of it is read; a body of unknown length (chunked) gets
     // the largest it may be, and gives back what it did not use once it is in. One reservation
     // per request, so that requests never hold part of the budget while waiting for more.
-    let holding = Holding::new(req.extensions().get::<Held>());
+    let holding = Holding::new(held.as_ref());
     let mut room = app.body_budget.reserve(declared.unwrap_or(limit)).await;
     drop(holding);
     let body = match read_body(req.into_body(), limit, declared.unwrap_or(0)).await {

@@ -295,16 +295,14 @@ async fn serve_connection(
     let mut watchdog = Watchdog::new(s.idle_timeout, s.header_timeout);
     let max_header = (s.max_header_size as usize).max(64);
     let seen = activity.clone();
-    let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         seen.started.fetch_add(1, Ordering::Relaxed);
         // Only a PUT can be held up by the server (see `Activity::held`); other requests pay
         // nothing for it.
-        if req.method() == hyper::Method::PUT {
-            req.extensions_mut().insert(crate::http::Held(seen.held.clone()));
-        }
+        let held = (req.method() == hyper::Method::PUT).then(|| crate::http::Held(seen.held.clone()));
         let (app, seen) = (app.clone(), seen.clone());
         async move {
-            let mut resp = handle(app.clone(), req).await?;
+            let mut resp = handle(app.clone(), req, held).await?;
             if app.stopping() {
                 // hyper closes the connection once this answer is written.
                 resp.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
