@@ -1226,8 +1226,8 @@ impl Shared {
         if indexed.is_some() {
             return indexed;
         }
-        // Memory may hold a value whose record the ring has overwritten. Every index change
-        // drops the key from memory under the writer lock, so what it holds here is current.
+        // Memory may hold a value whose record the ring has overwritten. Every write drops the
+        // key from memory under the writer lock, so what it holds here is current.
         let now = now_ms();
         let cached = self.memory.as_ref().and_then(|m| m.get(key));
         cached.filter(|c| c.expiry_ms == 0 || c.expiry_ms > now).map(|c| Version {

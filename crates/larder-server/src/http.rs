@@ -677,7 +677,7 @@ async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Option<
         Ok(None) => blocking(app, move |store| store.put_with(&key, &body, &extra.options())).await,
         Err(e) => Err(e),
     };
-    // The body is gone (the store has copied it, or failed): its room goes back.
+    // The body is written (or its write failed) and about to be freed: its room goes back.
     drop(room);
     match result {
         Ok(stored) => {
