@@ -26,39 +26,25 @@ if ! command -v valgrind >/dev/null; then
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq valgrind
 fi
 cargo build --release -p larder-server -p larder-bench -q
-work=$(mktemp -d)
-pid=
-cleanup() {
-  [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+. bench/lib.sh
 
 # ir NAME BINARY PORT ARGS...: instructions the server ran for the measured GETs.
 ir() {
-  local name=$1 bin=$2 port=$3
+  local name=$1 bin=$2 port=$3 pid
   shift 3
-  valgrind --tool=callgrind --callgrind-out-file="$work/$name.out" "$bin" serve --data-dir "$work/$name" \
-    --listen "127.0.0.1:$port" --log-level error "$@" >/dev/null 2>"$work/$name.log" &
-  pid=$!
-  for _ in $(seq 600); do
-    curl -sf -o /dev/null "http://127.0.0.1:$port/_larder/health" && break
-    sleep 0.1
-  done
-  local load=(target/release/larder-bench http "http://127.0.0.1:$port/g" --distribution sequential
-    --keys "$KEYS" --value-size "$SIZE" --connections 8 --quiet)
-  "${load[@]}" --workload put --requests "$KEYS"
-  "${load[@]}" --workload get --requests "$((KEYS * 2))" # warm: both tiers, as the settings make them
+  LAUNCH="valgrind --tool=callgrind --callgrind-out-file=$work/$name.out --log-file=$work/$name.vg" \
+    start_larder "$name" "$bin" "$port" "$@"
+  pid=$(cat "$work/$name.pid")
+  preload "$port" "$KEYS" "$SIZE" 2 # both tiers warm, as the settings make them
   callgrind_control -z "$pid" >/dev/null
-  "${load[@]}" --workload get --requests "$REQUESTS" --check-length
+  taskset -c 0 target/release/larder-bench http "http://127.0.0.1:$port/g" --distribution sequential \
+    --keys "$KEYS" --value-size "$SIZE" --connections 8 --requests "$REQUESTS" --check-length --quiet
   callgrind_control -d "$pid" >/dev/null
   # The dump asked for after zeroing (`NAME.out.1`; the one at exit comes later, as
   # `NAME.out`) holds exactly the measured GETs.
   awk '/^summary:|^totals:/ {print $2; exit}' "$work/$name.out.1"
   kill "$pid"
   wait "$pid" 2>/dev/null || true
-  pid=
 }
 
 a=$(ir a "$A" 18261 "$@")

@@ -11,14 +11,16 @@ cleanup() {
 trap cleanup EXIT
 
 # start_larder NAME BINARY PORT [larder serve args...]: starts a server on a fresh data
-# directory and waits until it is healthy; its pid is in $work/NAME.pid.
+# directory and waits until it is healthy; its pid is in $work/NAME.pid. With LAUNCH set
+# (e.g. a valgrind command line), the server runs under it.
 start_larder() {
   local name=$1 bin=$2 port=$3
   shift 3
-  taskset -c 1 "$bin" serve --data-dir "$work/$name" --listen "127.0.0.1:$port" --log-level error "$@" >/dev/null &
+  # shellcheck disable=SC2086 # LAUNCH is a command line, split on purpose
+  taskset -c 1 ${LAUNCH:-} "$bin" serve --data-dir "$work/$name" --listen "127.0.0.1:$port" --log-level error "$@" >/dev/null &
   pids+=($!)
   echo $! >"$work/$name.pid"
-  for _ in $(seq 100); do
+  for _ in $(seq 600); do
     curl -sf -o /dev/null "http://127.0.0.1:$port/_larder/health" && return
     sleep 0.1
   done
