@@ -223,8 +223,9 @@ impl Memory {
     }
 
     /// Under the key's stripe lock: stores `offer` if `current()` holds, and otherwise drops
-    /// the key, returning what it held. The store calls it after every change of a key's index
-    /// entry (with no offer) and to promote a value (see `Shared::reconcile_memory`).
+    /// the key, returning what it held. The store calls it after every write's change of a
+    /// key's index entry and on expiry (with no offer), and to promote a value (see
+    /// `Shared::reconcile_memory`).
     pub fn reconcile(&self, hash: u64, key: &[u8], offer: Option<Cached>, current: impl FnOnce() -> bool) -> Settled {
         let _g = self.stripe(hash).lock();
         if let Some(value) = offer.filter(|_| current()) {

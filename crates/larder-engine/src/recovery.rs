@@ -733,7 +733,8 @@ fn load_hint(sh: &Shared, slot: usize, generation: u32, h: &hint::Hint<'_>, prog
     }
 }
 
-/// Builds the hint entries of a sealed volume by scanning it.
+/// Scans the first `len` bytes of a volume and hands `f` each record's hint entry and store
+/// time, in volume order (nothing is collected: the caller streams them).
 pub(crate) fn scan_hint_entries(
     sh: &Shared,
     file: &File,

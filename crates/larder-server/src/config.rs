@@ -479,6 +479,7 @@ mod tests {
         assert_eq!((defaults.memory.capacity, defaults.memory.eviction), (256 << 20, Eviction::Clock));
         assert_eq!((defaults.memory.promote_after, defaults.memory.promote_window), (2, Duration::from_secs(60)));
         assert_eq!((defaults.memory.on_put, defaults.reinsert_min_hits), (false, 1));
+        assert_eq!(defaults.max_body_memory, 512 << 20);
         std::fs::write(
             dir.path().join("mem.toml"),
             "memory_capacity = \"1GiB\"\nmemory_eviction = \"sieve\"\npromote_after = 3\npromote_window = \"500ms\"\nmemory_on_put = true\nreinsert_min_hits = 0\n",
