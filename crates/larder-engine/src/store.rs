@@ -376,6 +376,10 @@ struct Writer {
     /// With `FsyncPolicy::Always`: the index changes of writes not yet durable, oldest first,
     /// to be undone if their sync fails.
     undo: Vec<Undo>,
+    /// Volumes (slot, generation) holding records of puts that were undone after a failed
+    /// sync. The page cache may still write them back, and recovery would then find them, so
+    /// while one of these volumes lives a delete of an absent key writes a tombstone too.
+    strays: Vec<(usize, u32)>,
     prefix: Vec<u8>,
     /// Store time of the last put or delete: each gets a later one (by a millisecond if the
     /// clock has not moved, or has stepped back), so no two writes share a version. Seeded
@@ -388,6 +392,13 @@ struct Writer {
 }
 
 impl Writer {
+    /// Whether a volume may hold a record the index does not know of (see `strays`);
+    /// forgets the volumes the ring has reused since.
+    fn has_strays(&mut self, slots: &[SlotState]) -> bool {
+        self.strays.retain(|&(slot, generation)| slots[slot].generation.load(Ordering::Relaxed) == generation);
+        !self.strays.is_empty()
+    }
+
     /// A store time for a write made now, later than every earlier one.
     fn stamp(&mut self) -> u64 {
         self.last_stamp = now_ms().max(self.last_stamp + 1);
@@ -933,6 +944,13 @@ impl Shared {
             // their previous values: undo their index changes, newest first, under the writer
             // lock so no append interleaves. A later write of the same key wins the compare.
             for u in undo.iter().rev() {
+                if let Some(loc) = u.after {
+                    let slot = loc.slot as usize;
+                    let stray = (slot, self.slots[slot].generation.load(Ordering::Relaxed));
+                    if !w.strays.contains(&stray) {
+                        w.strays.push(stray);
+                    }
+                }
                 if !self.index.compare_and_set(u.hash, u.after, u.before) {
                     // A write after this sync's target replaced the entry: if that one is
                     // undone later, it must go back to what was there before this one.
@@ -1506,6 +1524,7 @@ impl Store {
                 appended: 0,
                 unsynced: Vec::new(),
                 undo: Vec::new(),
+                strays: Vec::new(),
                 prefix: Vec::new(),
                 last_stamp: 0,
                 closed: false,
@@ -1948,10 +1967,10 @@ impl Store {
             let Some((mut w, current)) = self.lock_current(hash, key, true, wait, need)? else { return Ok(None) };
             sh.check(key, preconditions, current.live)?;
             // A live value gets a tombstone; so does any key while a volume is left out of the
-            // index (or in a missing directory): it may hold the key, and the tombstone keeps
-            // it deleted when that volume comes back. An expired value needs none: it stays
-            // expired across restarts.
-            let (seq, tombstone_only) = if current.live.is_some() || sh.degraded {
+            // index (or in a missing directory), or holds a put undone after a failed sync: it
+            // may hold the key, and the tombstone keeps it deleted when recovery meets that
+            // record. An expired value needs none: it stays expired across restarts.
+            let (seq, tombstone_only) = if current.live.is_some() || sh.degraded || w.has_strays(&sh.slots) {
                 let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_TOMBSTONE) };
                 let Some(_) = sh.append(&mut w, wait, header, key, b"", b"", crc32c::crc32c(b""))? else {
                     return Ok(None);

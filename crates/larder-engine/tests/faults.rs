@@ -138,6 +138,27 @@ fn a_failed_fsync_fails_the_waiting_writes_and_undoes_them() {
     assert_eq!(get(&store, "gone"), None);
 }
 
+/// A put whose fsync failed is answered as failed, but its record may still reach the disk
+/// (the page cache holds it). A later delete of that key, though the key is absent from the
+/// index, must leave a tombstone: else the restart finds the failed put's record and brings
+/// back a key whose delete was acknowledged.
+#[test]
+fn a_delete_after_a_failed_put_stays_deleted_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let _f = Faulty(dir.path());
+    let store = Store::open(config(dir.path(), FsyncPolicy::Always)).unwrap();
+    store.put(b"other", b"kept").unwrap();
+    faults::inject(dir.path(), rule("sync eio count=1")).unwrap();
+    assert_eq!(store.put(b"k", b"failed put").unwrap_err().kind(), ErrorKind::Io);
+    faults::clear(dir.path());
+    assert_eq!(get(&store, "k"), None, "a failed put's value is visible");
+    assert!(!store.delete(b"k").unwrap(), "the failed put's key counted as present");
+    drop(store);
+    let store = Store::open(config(dir.path(), FsyncPolicy::Always)).unwrap();
+    assert_eq!(get(&store, "k"), None, "a key whose delete was acknowledged came back");
+    assert_eq!(get(&store, "other").as_deref(), Some(&b"kept"[..]));
+}
+
 #[test]
 fn a_volume_that_cannot_be_started_fails_writes_until_the_fault_clears() {
     let dir = tempfile::tempdir().unwrap();
