@@ -9,6 +9,7 @@ use larder_engine::faults::{self, Failure, Op, Rule};
 use larder_engine::{ErrorKind, FsyncPolicy, MemoryConfig, Store, StoreConfig};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 fn config(dir: &Path, fsync: FsyncPolicy) -> StoreConfig {
@@ -248,11 +249,12 @@ type Unacked = HashMap<u64, Vec<Option<Vec<u8>>>>;
 /// Writes a random put/delete/overwrite load for `ops` operations or until `until`, with
 /// several threads, and returns the acknowledged history.
 fn load(store: &Store, seed: u64, ops: u64, keys: u64) -> History {
-    load_range(store, seed, ops, 0..keys).0
+    load_range(store, seed, ops, 0..keys, &AtomicU64::new(0)).0
 }
 
 /// [`load`] on the keys in `range` only, so several threads can load at once.
-fn load_range(store: &Store, seed: u64, ops: u64, range: std::ops::Range<u64>) -> (History, Unacked) {
+/// Counts each acknowledged write in `acked`.
+fn load_range(store: &Store, seed: u64, ops: u64, range: std::ops::Range<u64>, acked: &AtomicU64) -> (History, Unacked) {
     let mut rng = Rng(seed | 1);
     let mut history = History::new();
     let mut unacked = Unacked::new();
@@ -267,6 +269,7 @@ fn load_range(store: &Store, seed: u64, ops: u64, range: std::ops::Range<u64>) -
             (Some(v), ok)
         };
         if ok {
+            acked.fetch_add(1, Ordering::Relaxed);
             history.entry(key).or_default().push((Instant::now(), value));
             unacked.remove(&key);
         } else {
@@ -302,12 +305,18 @@ fn power_cut_with_fsync_always_keeps_every_acknowledged_write() {
         let mut rng = Rng(seed * 7919);
         let ops = 100 + rng.below(300);
         // Four writers at once, so that group commit has writes in flight when the power goes.
+        let acked = AtomicU64::new(0);
         let (history, unacked) = std::thread::scope(|s| {
-            let store = &store;
+            let (store, acked) = (&store, &acked);
             let writers: Vec<_> = (0..4u64)
-                .map(|t| s.spawn(move || load_range(store, seed * 10 + t, ops, t * 40..t * 40 + 40)))
+                .map(|t| s.spawn(move || load_range(store, seed * 10 + t, ops, t * 40..t * 40 + 40, acked)))
                 .collect();
-            // The cut lands while they write (or just after the fastest finish).
+            // The cut lands while they write (or just after the fastest finish), once they
+            // have got going: on a loaded machine the threads may start late.
+            let started = Instant::now();
+            while acked.load(Ordering::Relaxed) < 40 && started.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             std::thread::sleep(std::time::Duration::from_millis(rng.below(30)));
             let report = faults::power_cut(dir.path()).unwrap();
             undone += report.changes;
