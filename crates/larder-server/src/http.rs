@@ -1,122 +1,26 @@
 //! HTTP handlers: requests become engine calls, engine outcomes become statuses, in one place.
 
+use crate::app::{App, BodyBudget, Held, Holding};
 use crate::config::Settings;
 use crate::headers;
 use crate::key::{decode_key, RESERVED_PREFIX};
-use crate::metrics::Metrics;
+use crate::reply::{method_not_allowed, text, text_owned, Resp};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{
-    HeaderMap, HeaderValue, ACCEPT_RANGES, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE,
-    CONTENT_TYPE, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED, WWW_AUTHENTICATE,
+    HeaderMap, HeaderValue, ACCEPT_RANGES, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE,
+    ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED, WWW_AUTHENTICATE,
 };
 use hyper::{Method, Request, Response, StatusCode};
-use larder_engine::RecoveryProgress;
 use larder_engine::{meta, now_ms, ErrorKind, Part, Precondition, PutOptions, Store, Tier, Value};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
-
-/// Shared state of the server.
-pub struct App {
-    /// The store, set once recovery has finished; until then requests get 503.
-    pub store: OnceLock<Store>,
-    /// Settings in force.
-    pub settings: Settings,
-    /// Whether `/_larder/faults` answers: a build with the engine's fault layer, started with
-    /// `LARDER_FAULTS` set (tests only).
-    pub faults: bool,
-    /// Request counters and histograms, rendered at `/_larder/metrics`.
-    pub metrics: Metrics,
-    /// How far the recovery has come while the store opens.
-    pub progress: RecoveryProgress,
-    /// When the recovery started, for its estimate of the time left.
-    pub started: Instant,
-    /// Set on SIGTERM/SIGINT: health answers 503 and every answer closes its connection.
-    pub shutting_down: AtomicBool,
-    /// Room for request bodies held in memory (`--max-body-memory`).
-    pub body_budget: BodyBudget,
-}
-
-/// The connection's count of requests the server holds up, handed to the handler of a PUT.
-/// While it is above zero the connection's idle timeout does not run, so that waiting for room
-/// in the body budget, however long, never closes a connection.
-pub struct Held(pub Arc<std::sync::atomic::AtomicU32>);
-
-/// Counts one held request until dropped (the wait may end by the request being cancelled).
-struct Holding(Arc<std::sync::atomic::AtomicU32>);
-
-impl Holding {
-    fn new(held: Option<&Held>) -> Option<Holding> {
-        let h = held?;
-        h.0.fetch_add(1, Ordering::Relaxed);
-        Some(Holding(h.0.clone()))
-    }
-}
-
-impl Drop for Holding {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// The bytes of request bodies held in memory at once, across all connections: a request
-/// waits for its share before its body is read (backpressure: never a drop, never a 5xx for
-/// load). Counted in KiB, the semaphore's unit, so that any size fits its permit counts.
-pub struct BodyBudget {
-    room: Arc<tokio::sync::Semaphore>,
-    kib: u32,
-}
-
-impl BodyBudget {
-    /// A budget of `bytes` (at least 1 KiB).
-    pub fn new(bytes: u64) -> BodyBudget {
-        let kib = bytes.div_ceil(1024).clamp(1, u32::MAX as u64) as u32;
-        BodyBudget { room: Arc::new(tokio::sync::Semaphore::new(kib as usize)), kib }
-    }
-
-    /// Waits for room for a body of `bytes`, charged with the connection's read buffer it
-    /// passes through too (hyper grows it up to about 400 KiB while a large body streams in).
-    /// A body larger than the whole budget waits until it has the budget to itself, rather
-    /// than forever. Requests are served in the order they asked.
-    async fn reserve(&self, bytes: u64) -> tokio::sync::OwnedSemaphorePermit {
-        let kib = Self::charge(bytes).div_ceil(1024).min(self.kib as u64) as u32;
-        self.room.clone().acquire_many_owned(kib).await.expect("the budget is never closed")
-    }
-
-    /// What a body of `bytes` costs the budget: itself and its share of the read buffer.
-    fn charge(bytes: u64) -> u64 {
-        bytes + bytes.min(400 << 10)
-    }
-}
-
-impl App {
-    /// Whether the server is stopping.
-    pub fn stopping(&self) -> bool {
-        self.shutting_down.load(Ordering::Relaxed)
-    }
-}
-
-type Resp = Response<Full<Bytes>>;
 
 const ALLOWED: &str = "GET, HEAD, PUT, DELETE";
 static X_POSITION: hyper::header::HeaderName = hyper::header::HeaderName::from_static("x-position");
 static X_CACHE: hyper::header::HeaderName = hyper::header::HeaderName::from_static("x-cache");
-
-fn text(status: StatusCode, msg: &'static str) -> Resp {
-    let mut r = Response::new(Full::new(Bytes::from_static(msg.as_bytes())));
-    *r.status_mut() = status;
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    r
-}
-
-fn text_owned(status: StatusCode, msg: String) -> Resp {
-    let mut r = Response::new(Full::new(Bytes::from(msg)));
-    *r.status_mut() = status;
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    r
-}
 
 /// Whether a request reads or writes: an I/O failure on a read means the data is
 /// unavailable (503, DESIGN §2), on a write that the write failed (500).
@@ -318,12 +222,6 @@ async fn faults(app: &App, req: Request<Incoming>) -> Resp {
         Method::GET => text_owned(StatusCode::OK, format!("delayed {}\n", faults::delayed())),
         _ => method_not_allowed("GET, POST, DELETE"),
     }
-}
-
-fn method_not_allowed(allowed: &'static str) -> Resp {
-    let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
-    r.headers_mut().insert(ALLOW, HeaderValue::from_static(allowed));
-    r
 }
 
 /// `part / whole`, 0 when there is no whole.

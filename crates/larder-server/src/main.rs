@@ -2,12 +2,14 @@
 // The stats object is one `json!` literal with many fields.
 #![recursion_limit = "256"]
 
+mod app;
 mod cli;
 mod config;
 mod headers;
 mod http;
 mod key;
 mod metrics;
+mod reply;
 mod server;
 
 use clap::{Parser, Subcommand};

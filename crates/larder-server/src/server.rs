@@ -1,7 +1,8 @@
 //! The accept loop: connections, limits and timeouts, and graceful shutdown.
 
+use crate::app::{App, BodyBudget, Held};
 use crate::config::Settings;
-use crate::http::{handle, App};
+use crate::http::handle;
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -299,7 +300,7 @@ async fn serve_connection(
         seen.started.fetch_add(1, Ordering::Relaxed);
         // Only a PUT can be held up by the server (see `Activity::held`); other requests pay
         // nothing for it.
-        let held = (req.method() == hyper::Method::PUT).then(|| crate::http::Held(seen.held.clone()));
+        let held = (req.method() == hyper::Method::PUT).then(|| Held(seen.held.clone()));
         let (app, seen) = (app.clone(), seen.clone());
         async move {
             let mut resp = handle(app.clone(), req, held).await?;
@@ -387,7 +388,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         progress: RecoveryProgress::default(),
         started: Instant::now(),
         shutting_down: AtomicBool::new(false),
-        body_budget: crate::http::BodyBudget::new(settings.max_body_memory),
+        body_budget: BodyBudget::new(settings.max_body_memory),
     });
     // Recovery runs while the socket already answers (503 until ready).
     let (ready_tx, mut ready_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
