@@ -2,6 +2,7 @@
 // The stats object is one `json!` literal with many fields.
 #![recursion_limit = "256"]
 
+mod admin;
 mod app;
 mod cli;
 mod config;

@@ -1,5 +1,6 @@
 //! The accept loop: connections, limits and timeouts, and graceful shutdown.
 
+use crate::admin;
 use crate::app::{App, BodyBudget, Held};
 use crate::config::Settings;
 use crate::http::handle;
@@ -443,7 +444,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                 tick.tick().await;
                 if app.store.get().is_none() && last_report.elapsed() >= RECOVERY_REPORT_EVERY {
                     last_report = Instant::now();
-                    let status = recovery_status(&app.progress, app.started.elapsed());
+                    let status = admin::recovery_status(&app.progress, app.started.elapsed());
                     tracing::info!(target: "larder::lifecycle", "recovering: {status}");
                 }
                 app.metrics.upkeep();
@@ -532,26 +533,6 @@ pub async fn run(settings: Settings) -> Result<(), String> {
 /// How often a recovery in progress is logged.
 const RECOVERY_REPORT_EVERY: Duration = Duration::from_secs(2);
 
-/// One line on a recovery in progress: volumes and records done, share of the bytes read and
-/// the time left at the rate so far.
-pub fn recovery_status(p: &RecoveryProgress, elapsed: Duration) -> String {
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let (done, total) = (load(&p.bytes_done), load(&p.bytes_total));
-    let mut line = format!(
-        "{}/{} volumes, {} records, {:.0}% of {} MiB read",
-        load(&p.volumes_done),
-        load(&p.volumes_total),
-        load(&p.records),
-        if total == 0 { 0.0 } else { done as f64 * 100.0 / total as f64 },
-        total >> 20
-    );
-    if done > 0 && total > done {
-        let left = elapsed.as_secs_f64() * (total - done) as f64 / done as f64;
-        line.push_str(&format!(", about {left:.0} s left"));
-    }
-    line
-}
-
 fn log_recovered(store: &Store, elapsed: Duration) {
     let s = store.stats();
     let r = s.recovery;
@@ -567,28 +548,4 @@ fn log_recovered(store: &Store, elapsed: Duration) {
         millis = elapsed.as_millis() as u64,
         "recovered"
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn recovery_status_reports_share_and_time_left() {
-        let p = RecoveryProgress::default();
-        p.volumes_total.store(4, Ordering::Relaxed);
-        p.volumes_done.store(1, Ordering::Relaxed);
-        p.bytes_total.store(400 << 20, Ordering::Relaxed);
-        p.bytes_done.store(100 << 20, Ordering::Relaxed);
-        p.records.store(123_456, Ordering::Relaxed);
-        // A quarter read in 2 s: three quarters left take 6 s more at that rate.
-        assert_eq!(
-            recovery_status(&p, Duration::from_secs(2)),
-            "1/4 volumes, 123456 records, 25% of 400 MiB read, about 6 s left"
-        );
-        assert_eq!(
-            recovery_status(&RecoveryProgress::default(), Duration::ZERO),
-            "0/0 volumes, 0 records, 0% of 0 MiB read"
-        );
-    }
 }
