@@ -3,14 +3,15 @@
 #![recursion_limit = "256"]
 
 mod admin;
+mod api;
 mod app;
 mod cli;
 mod config;
 mod headers;
-mod http;
 mod key;
 mod metrics;
 mod reply;
+mod routes;
 mod server;
 
 use clap::{Parser, Subcommand};

@@ -3,8 +3,8 @@
 use crate::admin;
 use crate::app::{App, BodyBudget, Held};
 use crate::config::Settings;
-use crate::http::handle;
 use crate::metrics::Metrics;
+use crate::routes::handle;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::server::conn::http1;

@@ -1,25 +1,22 @@
-//! HTTP handlers: requests become engine calls, engine outcomes become statuses, in one place.
+//! The key API: GET, HEAD, PUT and DELETE of `/<key>`, the reading of request bodies, and the
+//! one mapping from engine outcomes to HTTP statuses.
 
-use crate::admin;
 use crate::app::{App, BodyBudget, Held, Holding};
 use crate::config::Settings;
 use crate::headers;
-use crate::key::{decode_key, RESERVED_PREFIX};
-use crate::reply::{method_not_allowed, text, text_owned, Resp};
+use crate::reply::{text, text_owned, Resp};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{
-    HeaderMap, HeaderValue, ACCEPT_RANGES, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE,
-    ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED, WWW_AUTHENTICATE,
+    HeaderMap, HeaderValue, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG,
+    IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED,
 };
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Request, Response, StatusCode};
 use larder_engine::{meta, now_ms, ErrorKind, Part, Precondition, PutOptions, Store, Tier, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
-const ALLOWED: &str = "GET, HEAD, PUT, DELETE";
 static X_POSITION: hyper::header::HeaderName = hyper::header::HeaderName::from_static("x-position");
 static X_CACHE: hyper::header::HeaderName = hyper::header::HeaderName::from_static("x-cache");
 
@@ -53,117 +50,6 @@ fn position_value(p: larder_engine::Position) -> HeaderValue {
     let mut l = headers::Line::new();
     l.dec(p.volume as u64, 1).push(b",").dec(p.offset, 1).push(b",").dec(p.size, 1);
     l.value()
-}
-
-/// Handles one request, timing it for the slow-request warning and the access log.
-/// `held` is the connection's count of held requests, given for a PUT (see [`Held`]).
-pub async fn handle(
-    app: Arc<App>,
-    req: Request<Incoming>,
-    held: Option<Held>,
-) -> Result<Resp, std::convert::Infallible> {
-    let started = Instant::now();
-    let method = req.method().clone();
-    // A Uri clone shares its bytes (no allocation); it is kept only for the logs below.
-    let uri = req.uri().clone();
-    let resp = route(&app, req, held).await;
-    let elapsed = started.elapsed();
-    if !uri.path().starts_with("/_larder/") {
-        let body =
-            if method == Method::HEAD { 0 } else { hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0) };
-        app.metrics.request(&method, resp.status().as_u16(), elapsed, body);
-    }
-    let s = &app.settings;
-    let slow = !s.slow_request.is_zero() && elapsed >= s.slow_request;
-    if s.access_log || slow {
-        let (path, status) = (uri.path(), resp.status().as_u16());
-        if s.access_log {
-            let bytes = hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0);
-            tracing::info!(target: "larder::access", %method, path, status, bytes, micros = elapsed.as_micros() as u64);
-        }
-        if slow {
-            tracing::warn!(%method, path, status, millis = elapsed.as_millis() as u64, "slow request");
-        }
-    }
-    Ok(resp)
-}
-
-async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Resp {
-    let uri_len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
-    if uri_len as u64 > app.settings.max_uri_size {
-        return text(StatusCode::URI_TOO_LONG, "URI too long\n");
-    }
-    let key = match decode_key(req.uri().path()) {
-        Ok(k) => k,
-        Err(e) => return text(StatusCode::BAD_REQUEST, e.message()),
-    };
-    if key.starts_with(RESERVED_PREFIX) {
-        let what = &key[RESERVED_PREFIX.len()..];
-        // Health stays open so that load balancers need no secret.
-        if what != b"health" {
-            if let Some(refused) = unauthorized(app, req.headers()) {
-                return refused;
-            }
-        }
-        if what == b"faults" {
-            return Box::pin(admin::faults(app, req)).await;
-        }
-        return Box::pin(admin::endpoint(app, req.method(), what)).await;
-    }
-    let write = match *req.method() {
-        Method::GET | Method::HEAD => false,
-        Method::PUT | Method::DELETE => true,
-        _ => return method_not_allowed(ALLOWED),
-    };
-    if write || app.settings.auth_reads {
-        if let Some(refused) = unauthorized(app, req.headers()) {
-            return refused;
-        }
-    }
-    if write && app.settings.read_only {
-        return text(StatusCode::FORBIDDEN, "this server is read-only\n");
-    }
-    let Some(store) = app.store.get() else {
-        return text(StatusCode::SERVICE_UNAVAILABLE, "recovering; try again shortly\n");
-    };
-    match *req.method() {
-        Method::GET => get(app, store, key, req.headers(), false).await,
-        Method::HEAD => get(app, store, key, req.headers(), true).await,
-        Method::PUT => {
-            let key = key.into_owned();
-            // Boxed, as are DELETE and the admin handlers: this future is moved whole for every
-            // request, and PUT's (the body budget's wait, the body, the blocking write) would
-            // make every GET's larger too (measured: ~240 instructions a GET, all memcpy, with
-            // bench/instructions-ab.sh).
-            Box::pin(put(app, req, key, held)).await
-        }
-        _ => {
-            let preconditions = headers::write_preconditions(req.headers());
-            Box::pin(delete(app, key.into_owned(), preconditions)).await
-        }
-    }
-}
-
-/// `None` if the request may go on: no token is configured, or it carries
-/// `Authorization: Bearer <token>` with the right token (compared in constant time).
-fn unauthorized(app: &App, headers: &HeaderMap) -> Option<Resp> {
-    use subtle::ConstantTimeEq;
-    let token = app.settings.auth_token.as_ref()?;
-    let given = headers.get(AUTHORIZATION).map(|v| v.as_bytes());
-    let bearer = given.and_then(|v| {
-        let (scheme, rest) = v.split_at(v.iter().position(|&b| b == b' ')?);
-        scheme.eq_ignore_ascii_case(b"bearer").then(|| rest.trim_ascii())
-    });
-    if bearer.is_some_and(|b| bool::from(b.ct_eq(&token.0))) {
-        return None;
-    }
-    let (msg, challenge) = match given {
-        None => ("this request needs Authorization: Bearer <token>\n", r#"Bearer realm="larder""#),
-        Some(_) => ("wrong bearer token\n", r#"Bearer realm="larder", error="invalid_token""#),
-    };
-    let mut r = text(StatusCode::UNAUTHORIZED, msg);
-    r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
-    Some(r)
 }
 
 /// Reads `part` of a value. Memory and page-cache hits are answered inline; a read that
@@ -212,7 +98,7 @@ fn with_status(status: StatusCode, body: Bytes) -> Resp {
 /// A plain or ranged GET is one read: of the whole value, or of just the blocks that hold the
 /// range. A HEAD or a revalidation first reads only what describes the value (for a large
 /// value, the front of its record), so that a 304 never reads the body.
-async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>, req: &HeaderMap, head: bool) -> Resp {
+pub async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>, req: &HeaderMap, head: bool) -> Resp {
     let found = |r: larder_engine::Result<Option<Value>>| match r {
         Ok(Some(v)) => Ok(v),
         Ok(None) => Err(Box::new(text(StatusCode::NOT_FOUND, "not found\n"))),
@@ -357,7 +243,9 @@ impl PutHeaders {
     }
 }
 
-async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Option<Held>) -> Resp {
+/// PUT: its headers and preconditions checked, then room in the body budget, then the body,
+/// then the write.
+pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Option<Held>) -> Resp {
     let extra = match PutHeaders::parse(req.headers(), &app.settings) {
         Ok(p) => p,
         Err(m) => return text_owned(StatusCode::BAD_REQUEST, m),
@@ -417,7 +305,8 @@ async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Option<
     }
 }
 
-async fn delete(app: &Arc<App>, key: Vec<u8>, preconditions: Vec<Precondition>) -> Resp {
+/// DELETE, with its preconditions (read from the headers by the caller).
+pub async fn delete(app: &Arc<App>, key: Vec<u8>, preconditions: Vec<Precondition>) -> Resp {
     let store = app.store.get().expect("store is ready before writes are routed");
     let quick = if preconditions.is_empty() { store.try_delete(&key) } else { Ok(None) };
     let result = match quick {
