@@ -7,12 +7,13 @@ mod api;
 mod app;
 mod cli;
 mod config;
+mod conn;
 mod headers;
 mod key;
+mod lifecycle;
 mod metrics;
 mod reply;
 mod routes;
-mod server;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -91,7 +92,7 @@ fn serve(args: config::ServeArgs) -> i32 {
         .init();
     fixed_mmap_threshold();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    match rt.block_on(server::run(settings)) {
+    match rt.block_on(lifecycle::run(settings)) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("larder: {e}");

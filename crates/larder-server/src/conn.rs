@@ -1,27 +1,27 @@
-//! The accept loop: connections, limits and timeouts, and graceful shutdown.
+//! One client connection from accept to close: the bytes and requests it moves (which its
+//! timeouts are judged by), the watchdog's idle and slow-header timeouts, the registry that
+//! makes room past `--max-connections` or refuses a newcomer, and its part of a graceful stop:
+//! answering what arrives with `Connection: close`, and closing once quiet between requests.
 
-use crate::admin;
-use crate::app::{App, BodyBudget, Held};
-use crate::config::Settings;
-use crate::metrics::Metrics;
+use crate::app::{App, Held};
 use crate::routes::handle;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use larder_engine::{RecoveryProgress, Store, StoreConfig};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
 
 /// What a connection's watchdog needs to know: bytes moved, requests begun and answered.
 #[derive(Default)]
@@ -47,6 +47,16 @@ const COARSE_TICK: Duration = Duration::from_millis(50);
 
 fn coarse_ms() -> u64 {
     COARSE_MS.load(Ordering::Relaxed)
+}
+
+/// Keeps [`COARSE_MS`] current; runs until aborted.
+pub async fn coarse_clock() {
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(COARSE_TICK);
+    loop {
+        tick.tick().await;
+        COARSE_MS.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
 }
 
 /// A response body that tells the watchdog when hyper is done with it.
@@ -131,18 +141,6 @@ impl AsyncWrite for Tracked {
     }
 }
 
-/// Raises the open-file limit to its hard maximum: each connection is a descriptor.
-fn raise_fd_limit() {
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-    unsafe {
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
 /// Timeouts, checked on a coarse tick (zero turns one off): `idle` closes a connection that
 /// moved no byte for that long; `header` closes one whose next request head started arriving
 /// but was not complete within that time (slow-loris). hyper's own header timeout is not used
@@ -189,7 +187,7 @@ impl Watchdog {
 
 /// The open connections, so that past `--max-connections` an idle one can make room.
 #[derive(Default)]
-struct Conns {
+pub struct Conns {
     next_id: u64,
     open: HashMap<u64, Conn>,
 }
@@ -283,6 +281,8 @@ async fn refuse(mut stream: TcpStream) {
     .await;
 }
 
+/// Serves one connection until the client closes it, an error, a timeout of the watchdog, a
+/// newcomer that needs its room, or the drain of a stop.
 async fn serve_connection(
     app: Arc<App>,
     stream: TcpStream,
@@ -349,203 +349,27 @@ async fn serve_connection(
     }
 }
 
-/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, so call it
-/// before anything that a signal should not interrupt.
-fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("installing a SIGTERM handler: {e}"))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("installing a SIGINT handler: {e}"))?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    })
-}
-
-/// Runs the server until SIGTERM or SIGINT; returns after data is durable.
-pub async fn run(settings: Settings) -> Result<(), String> {
-    raise_fd_limit();
-    let signal = shutdown_signal()?;
-    let addr = settings.listen;
-    let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.map_err(|e| e.to_string())?;
-    socket.set_reuseaddr(true).map_err(|e| e.to_string())?;
-    socket.bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let listener = socket.listen(4096).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-
-    // Fault injection needs a test build *and* an explicit opt-in, so that a release build
-    // made with dev-dependency features never exposes it by accident.
-    let faults = larder_engine::faults::available().then(|| std::env::var("LARDER_FAULTS").ok()).flatten();
-    if let Some(mode) = &faults {
-        tracing::warn!(mode, "fault injection is on (/_larder/faults): for tests only");
-    }
-    let track = faults.as_deref() == Some("track");
-    let app = Arc::new(App {
-        store: OnceLock::new(),
-        settings: settings.clone(),
-        faults: faults.is_some(),
-        metrics: Metrics::install()?,
-        progress: RecoveryProgress::default(),
-        started: Instant::now(),
-        shutting_down: AtomicBool::new(false),
-        body_budget: BodyBudget::new(settings.max_body_memory),
-    });
-    // Recovery runs while the socket already answers (503 until ready).
-    let (ready_tx, mut ready_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
-    {
-        let app = app.clone();
-        tokio::task::spawn_blocking(move || {
-            let s = &app.settings;
-            let cfg = StoreConfig {
-                dirs: s.data_dir.clone(),
-                strict_dirs: s.strict_dirs,
-                volume_size: s.volume_size,
-                volume_count: s.volume_count,
-                max_value_size: s.max_value_size,
-                fsync: s.fsync,
-                memory: s.memory.clone(),
-                reinsert_min_hits: s.reinsert_min_hits,
-                ..StoreConfig::new(&s.data_dir[0])
-            };
-            // Test builds only: log writes from the start, for a simulated power cut.
-            if track {
-                for dir in &s.data_dir {
-                    if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| larder_engine::faults::track(dir)) {
-                        tracing::error!(error = %e, "cannot track the data directory for power cuts");
-                    }
-                }
-            }
-            let r = Store::open_observed(cfg, &app.progress).map(|store| {
-                log_recovered(&store, app.started.elapsed());
-                let _ = app.store.set(store);
-            });
-            let dirs: Vec<String> = s.data_dir.iter().map(|d| d.display().to_string()).collect();
-            let _ = ready_tx.send(r.map_err(|e| format!("cannot open the store in {}: {e}", dirs.join(", "))));
-        });
-    }
-
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let conns = Arc::new(Mutex::new(Conns::default()));
-    let clock = tokio::spawn(async {
-        let start = Instant::now();
-        let mut tick = tokio::time::interval(COARSE_TICK);
-        loop {
-            tick.tick().await;
-            COARSE_MS.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
-        }
-    });
-    let background = {
-        let app = app.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            let mut last_report = Instant::now();
-            loop {
-                tick.tick().await;
-                if app.store.get().is_none() && last_report.elapsed() >= RECOVERY_REPORT_EVERY {
-                    last_report = Instant::now();
-                    let status = admin::recovery_status(&app.progress, app.started.elapsed());
-                    tracing::info!(target: "larder::lifecycle", "recovering: {status}");
-                }
-                app.metrics.upkeep();
-            }
-        })
-    };
-    let mut connections = tokio::task::JoinSet::new();
-    let admit = |stream: TcpStream, connections: &mut tokio::task::JoinSet<()>| {
-        let mut c = conns.lock();
-        if !c.make_room(app.settings.max_connections) {
-            drop(c);
-            connections.spawn(refuse(stream));
-            return;
-        }
-        let activity = Arc::new(Activity { moved_at: AtomicU64::new(coarse_ms()), ..Activity::default() });
-        let close = Arc::new(Notify::new());
-        let id = c.next_id;
-        c.next_id += 1;
-        c.open.insert(id, Conn { activity: activity.clone(), close: close.clone() });
+/// Takes in an accepted connection and spawns its task on `connections`: served, or refused
+/// when it is past `--max-connections` and every open connection is busy.
+pub fn admit(
+    app: &Arc<App>,
+    conns: &Arc<Mutex<Conns>>,
+    shutdown: &watch::Receiver<bool>,
+    stream: TcpStream,
+    connections: &mut JoinSet<()>,
+) {
+    let mut c = conns.lock();
+    if !c.make_room(app.settings.max_connections) {
         drop(c);
-        let registered = Registered { conns: conns.clone(), id };
-        connections.spawn(serve_connection(app.clone(), stream, shutdown_rx.clone(), activity, close, registered));
-    };
-    tokio::pin!(signal);
-    let mut waiting_ready = true;
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => admit(stream, &mut connections),
-                Err(e) => {
-                    // Out of descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            r = &mut ready_rx, if waiting_ready => {
-                waiting_ready = false;
-                match r {
-                    Ok(Ok(())) => println!("larder listening on {local}"),
-                    Ok(Err(e)) => return Err(e),
-                    Err(_) => return Err("store task ended unexpectedly".into()),
-                }
-            }
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            _ = &mut signal => break,
-        }
+        connections.spawn(refuse(stream));
+        return;
     }
-    // Connections the kernel completed but nobody accepted yet would be reset when the
-    // listener closes: take them in and answer them too (for at most 100 ms, so that a flood
-    // of connects cannot hold the stop up).
-    let until = Instant::now() + Duration::from_millis(100);
-    while Instant::now() < until {
-        match tokio::time::timeout(Duration::ZERO, listener.accept()).await {
-            Ok(Ok((stream, _))) => admit(stream, &mut connections),
-            _ => break,
-        }
-    }
-    drop(listener);
-    // From here on every answer closes its connection (only now: a client told to reconnect
-    // before the listener closed could land in its queue and be reset), and health says so.
-    app.shutting_down.store(true, Ordering::Relaxed);
-    tracing::info!(target: "larder::lifecycle", connections = connections.len(), "stopping: finishing requests in flight");
-    let _ = shutdown_tx.send(true);
-    let limit = app.settings.shutdown_timeout;
-    let drained = tokio::time::timeout(limit, async { while connections.join_next().await.is_some() {} }).await;
-    if drained.is_err() {
-        tracing::warn!(left = connections.len(), "connections still busy after {limit:?}; closing them");
-        connections.abort_all();
-    }
-    clock.abort();
-    background.abort();
-    if waiting_ready {
-        // Still recovering: wait for it so the store is closed cleanly.
-        let _ = ready_rx.await;
-    }
-    let app2 = app.clone();
-    let closing = Instant::now();
-    tokio::task::spawn_blocking(move || app2.store.get().map(|s| s.close()).transpose())
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("closing the store: {e}"))?;
-    tracing::info!(target: "larder::lifecycle", millis = closing.elapsed().as_millis() as u64, "stopped: data synced, checkpoint written");
-    Ok(())
-}
-
-/// How often a recovery in progress is logged.
-const RECOVERY_REPORT_EVERY: Duration = Duration::from_secs(2);
-
-fn log_recovered(store: &Store, elapsed: Duration) {
-    let s = store.stats();
-    let r = s.recovery;
-    tracing::info!(
-        target: "larder::lifecycle",
-        keys = s.keys,
-        volumes = r.volumes,
-        hint_loads = r.hint_loads,
-        checkpoint_loads = r.checkpoint_loads,
-        scans = r.scans,
-        tail_bytes_scanned = r.tail_bytes_scanned,
-        truncated_bytes = r.truncated_bytes,
-        millis = elapsed.as_millis() as u64,
-        "recovered"
-    );
+    let activity = Arc::new(Activity { moved_at: AtomicU64::new(coarse_ms()), ..Activity::default() });
+    let close = Arc::new(Notify::new());
+    let id = c.next_id;
+    c.next_id += 1;
+    c.open.insert(id, Conn { activity: activity.clone(), close: close.clone() });
+    drop(c);
+    let registered = Registered { conns: conns.clone(), id };
+    connections.spawn(serve_connection(app.clone(), stream, shutdown.clone(), activity, close, registered));
 }
