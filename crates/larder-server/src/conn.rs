@@ -332,7 +332,8 @@ async fn serve_connection(
             _ = shutdown.changed(), if !draining => draining = true,
             _ = drain_tick.tick(), if draining && !closing => {
                 // A client still sending gets its next request answered (with `Connection:
-                // close`) instead of finding the connection closed under a request it just sent.
+                // close`) instead of finding the connection closed under a request it just sent
+                // (which hyper-util's `GracefulShutdown` would do: see `lifecycle::run`).
                 let quiet = coarse_ms().saturating_sub(activity.moved_at.load(Ordering::Relaxed)) >= QUIET_BEFORE_CLOSE_MS;
                 if quiet && activity.between_requests() {
                     closing = true;

@@ -166,6 +166,19 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     // before the listener closed could land in its queue and be reset), and health says so.
     app.shutting_down.store(true, Ordering::Relaxed);
     tracing::info!(target: "larder::lifecycle", connections = connections.len(), "stopping: finishing requests in flight");
+    // The drain is the server's own (this signal, `conn::serve_connection`, the JoinSet), not
+    // hyper-util's `GracefulShutdown`, for two things that does not do:
+    // - Its `shutdown` calls hyper's `graceful_shutdown` on every connection at once. On an
+    //   HTTP/1 connection between requests that closes it on the spot, even when the next
+    //   request is already sent or half read (hyper counts a request only once its head is
+    //   parsed; hyperium/hyper#3792), and that request is lost: tried with hyper-util 0.1.21
+    //   and hyper 1.12, the SIGTERM test in tests/operations.rs failed with `connection
+    //   closed` in 10 runs of 11. Here a connection is closed only once it has been quiet
+    //   between requests for a second, and what arrives meanwhile is answered with
+    //   `Connection: close`. `GracefulConnection` is sealed, so the call cannot be deferred
+    //   by wrapping the connection.
+    // - It only waits: past `--shutdown-timeout`, what is left must still be ended, and that
+    //   needs the connections' tasks, which the JoinSet holds and waits for anyway.
     let _ = shutdown_tx.send(true);
     let limit = app.settings.shutdown_timeout;
     let drained = tokio::time::timeout(limit, async { while connections.join_next().await.is_some() {} }).await;
