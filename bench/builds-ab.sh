@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# builds-ab.sh: does a change cost GET throughput or CPU? Runs two larder binaries, A (a
-# baseline build) and B (by default this tree's release build), with the same settings and
-# the same 4 KiB values, and the same GET load against each, alternating A B A B ROUNDS times.
+# builds-ab.sh: does a change cost GET (or PUT) throughput or CPU? Runs two larder binaries, A
+# (a baseline build) and B (by default this tree's release build), with the same settings and
+# the same 4 KiB values, and the same load against each, alternating A B A B ROUNDS times.
 # Prints each run and the medians of throughput and server CPU time per request.
 #
 #   git worktree add ../larder-a <rev> && (cd ../larder-a && cargo build --release -p larder-server)
 #   bench/builds-ab.sh ../larder-a/target/release/larder -- --promote-after 1   # memory hits
 #   bench/builds-ab.sh ../larder-a/target/release/larder -- --memory-capacity 0  # page cache
 #
-# DURATION=8s ROUNDS=5 KEYS=20000 SIZE=4096. Servers pinned to core 1, the loader to core 0.
+#   WORKLOAD=put bench/builds-ab.sh ../larder-a/target/release/larder -- --volume-size 64MiB
+#
+# DURATION=8s ROUNDS=5 KEYS=20000 SIZE=4096 WORKLOAD=get (or put: overwrites of the same keys).
+# Servers pinned to core 1, the loader to core 0.
 set -euo pipefail
 A=$(realpath "${1:?usage: builds-ab.sh BINARY_A [BINARY_B] [-- larder serve args]}")
 shift
@@ -20,6 +23,9 @@ DURATION=${DURATION:-8s}
 ROUNDS=${ROUNDS:-5}
 KEYS=${KEYS:-20000}
 SIZE=${SIZE:-4096}
+WORKLOAD=${WORKLOAD:-get}
+check=--check-length
+[ "$WORKLOAD" = get ] || check=
 cargo build --release -p larder-server -p larder-bench -q
 . bench/lib.sh
 start_larder a "$A" 18251 "$@"
@@ -33,7 +39,7 @@ for round in $(seq "$ROUNDS"); do
     [ "$name" = b ] && port=18252
     t0=$(cpu_ticks $name)
     taskset -c 0 target/release/larder-bench http "http://127.0.0.1:$port/g" --keys "$KEYS" --value-size "$SIZE" \
-      --check-length --connections 64 --duration "$DURATION" --json "$work/run.json" --quiet
+      --workload "$WORKLOAD" $check --connections 64 --duration "$DURATION" --json "$work/run.json" --quiet
     t1=$(cpu_ticks $name)
     python3 - "$work/run.json" "$name" "$t0" "$t1" "$hz" <<'EOF2' | tee -a "$results" >&2
 import json, sys
@@ -43,11 +49,11 @@ print(sys.argv[2], round(j["req_per_s"]), round(cpu, 2))
 EOF2
   done
 done
-python3 - "$results" "$*" <<'EOF2'
+python3 - "$results" "$*" "$WORKLOAD" "$SIZE" <<'EOF2'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 med = lambda name, i: statistics.median(float(r[i]) for r in rows if r[0] == name)
-print(f"| GET 4 KiB, `{sys.argv[2] or 'defaults'}` | req/s (median) | server CPU µs/request (median) |")
+print(f"| {sys.argv[3].upper()} {int(sys.argv[4]) // 1024} KiB, `{sys.argv[2] or 'defaults'}` | req/s (median) | server CPU µs/request (median) |")
 print("|---|---|---|")
 for name in ("a", "b"):
     print(f"| {name.upper()} | {med(name, 1):,.0f} | {med(name, 2):.2f} |")

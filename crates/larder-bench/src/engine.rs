@@ -14,7 +14,7 @@ use crate::report::{Summary, Tally};
 use crate::workload::{parse_bytes, value_pool, Dist, Generator, Op, Size, Workload};
 use anyhow::{Context, Result};
 use clap::Args;
-use larder_engine::{FsyncPolicy, Store, StoreConfig};
+use larder_engine::{FsyncPolicy, PutOptions, ReadOptions, Store, StoreConfig};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -115,10 +115,10 @@ struct Larder {
 
 impl Kv for Larder {
     fn insert(&self, key: u64, value: &[u8]) -> bool {
-        self.store.put(&key.to_le_bytes(), value).is_ok()
+        self.store.put(&key.to_le_bytes(), value, &PutOptions::default()).is_ok()
     }
     fn get(&self, key: u64) -> Option<usize> {
-        self.store.get(&key.to_le_bytes()).ok().flatten().map(|v| v.data.len())
+        self.store.get(&key.to_le_bytes(), &ReadOptions::default()).ok().flatten().map(|v| v.data.len())
     }
     fn close(self: Box<Self>) {
         let dir = self.dir.clone();

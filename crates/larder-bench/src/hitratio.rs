@@ -8,7 +8,7 @@ use crate::memory::Stream;
 use crate::workload::{parse_bytes, value_pool};
 use anyhow::{Context, Result};
 use clap::Args;
-use larder_engine::{Eviction, FsyncPolicy, MemoryConfig, Store, StoreConfig, Tier};
+use larder_engine::{Eviction, FsyncPolicy, MemoryConfig, PutOptions, ReadOptions, Store, StoreConfig, Tier};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -95,9 +95,9 @@ fn one(a: &HitRatioArgs, eviction: Eviction, min_hits: u8) -> Result<Row> {
         let k = stream.next();
         key.clear();
         key.extend_from_slice(format!("obj/{k:012}").as_bytes());
-        let got = store.get(&key)?;
+        let got = store.get(&key, &ReadOptions::default())?;
         if got.is_none() {
-            store.put(&key, &pool)?;
+            store.put(&key, &pool, &PutOptions::default())?;
         }
         if i >= a.warmup {
             match got.map(|v| v.tier) {

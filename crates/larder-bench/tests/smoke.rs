@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn bench() -> Command {
     Command::new(env!("CARGO_BIN_EXE_larder-bench"))
@@ -42,15 +42,23 @@ fn http_mode_loads_a_server_and_reports() {
     let server = Command::new(larder_bin())
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
         .arg(dir.path())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let _server = Killed(server);
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(start.elapsed() < Duration::from_secs(30), "larder did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut server = Killed(server);
+    // The port accepts before the store is open (requests meanwhile get 503 "recovering");
+    // the first line on stdout says it is ready.
+    let stdout = server.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {} // keep draining so the server never blocks on stdout
+    });
+    let line = rx.recv_timeout(Duration::from_secs(60)).expect("larder did not report readiness");
+    assert!(line.starts_with("larder listening on "), "unexpected first line {line:?}");
     let url = format!("http://127.0.0.1:{port}/s");
     let put = run_ok(bench().args(["http", &url, "--workload", "put", "--distribution", "sequential"]).args([
         "--keys",

@@ -9,10 +9,9 @@
 //! not damage. Hint files that do not match their volume are reported too; recovery would
 //! scan those volumes instead, so they cost time, not data.
 
-use crate::hint::{Hint, HintEntry};
-use crate::manifest::Manifest;
-use crate::recovery::{scan_volume, ScanEvent, ScanRange};
-use crate::volume::{hint_path, slot_of_file_name, volume_path, VolumeHeader, VOLUME_HEADER_LEN};
+use crate::format::hint::{Hint, HintEntry};
+use crate::format::volume::{hint_path, slot_of_file_name, volume_path, VolumeHeader, VOLUME_HEADER_LEN};
+pub use crate::recovery::scan::{scan_volume, ScanEvent, ScanOutcome, ScanRange};
 use crate::{io, Error, ErrorKind, Result};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -99,8 +98,8 @@ pub fn check_dirs(dirs: &[PathBuf], progress: &CheckProgress) -> Result<CheckRep
     let mut seed: Option<(u64, u64)> = None;
     let mut damaged = Vec::new();
     for dir in dirs {
-        let path = dir.join(crate::manifest::FILE_NAME);
-        match Manifest::load(dir).map_err(|e| Error::io("reading the manifest", e))? {
+        let path = dir.join(crate::format::manifest::FILE_NAME);
+        match crate::disk::dirs::load_manifest(dir).map_err(|e| Error::io("reading the manifest", e))? {
             Some(Some(m)) if seed.is_none_or(|(epoch, _)| m.epoch > epoch) => seed = Some((m.epoch, m.hash_seed)),
             Some(Some(_)) => {}
             Some(None) => damaged.push(path),
@@ -119,10 +118,10 @@ pub fn check_dirs(dirs: &[PathBuf], progress: &CheckProgress) -> Result<CheckRep
     }
 
     // Every volume and hint file, by slot.
-    let mut volumes: Vec<(PathBuf, usize, File, u64, VolumeHeader)> = Vec::new();
+    let mut volumes: Vec<(PathBuf, usize, io::Handle, u64, VolumeHeader)> = Vec::new();
     let mut hints: Vec<(PathBuf, usize)> = Vec::new();
     for dir in dirs {
-        let dir_id = crate::dirs::DirId::load(dir).map(|d| d.dir_id);
+        let dir_id = crate::disk::dirs::load_dir_id(dir).map(|d| d.dir_id);
         let entries = std::fs::read_dir(dir).map_err(|e| Error::io("listing the data directory", e))?;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -132,10 +131,11 @@ pub fn check_dirs(dirs: &[PathBuf], progress: &CheckProgress) -> Result<CheckRep
                 hints.push((dir.clone(), slot));
                 continue;
             }
-            let file = File::open(&path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-            let len = file.metadata().map_err(|e| Error::io("reading a volume's length", e))?.len();
+            let file =
+                io::open(&path, io::Mode::Read).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+            let len = file.len().map_err(|e| Error::io("reading a volume's length", e))?;
             let mut hb = [0u8; VOLUME_HEADER_LEN as usize];
-            let n = io::read_at_most(&file, &mut hb, 0).map_err(|e| Error::io("reading a volume header", e))?;
+            let n = file.read_at_most(&mut hb, 0).map_err(|e| Error::io("reading a volume header", e))?;
             match VolumeHeader::decode(&hb[..n]) {
                 Some(h) if h.slot as usize != slot => {
                     report.notes.push(finding(&path, Some(0), "volume header names another slot"))
@@ -172,7 +172,7 @@ pub fn check_dirs(dirs: &[PathBuf], progress: &CheckProgress) -> Result<CheckRep
     let count = volumes.len();
     for (i, (dir, slot, file, len, vh)) in volumes.iter().enumerate() {
         let is_active = i + 1 == count;
-        check_volume(dir, *slot, file, *len, vh, is_active, seed, &mut report, progress)
+        check_volume(dir, *slot, &**file, *len, vh, is_active, seed, &mut report, progress)
             .map_err(|e| Error::io(format!("reading {}", volume_path(dir, *slot).display()), e))?;
         report.volumes += 1;
         report.bytes += len;
@@ -186,7 +186,7 @@ pub fn check_dirs(dirs: &[PathBuf], progress: &CheckProgress) -> Result<CheckRep
 fn check_volume(
     dir: &Path,
     slot: usize,
-    file: &File,
+    file: &dyn io::FileIo,
     len: u64,
     vh: &VolumeHeader,
     is_active: bool,
@@ -285,7 +285,7 @@ fn check_volume(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{FsyncPolicy, Store, StoreConfig};
+    use crate::{DeleteOptions, FsyncPolicy, PutOptions, Store, StoreConfig};
     use std::os::unix::fs::FileExt;
 
     fn filled(dir: &Path) {
@@ -293,9 +293,9 @@ mod tests {
             StoreConfig { volume_size: 64 << 10, volume_count: 8, fsync: FsyncPolicy::Never, ..StoreConfig::new(dir) };
         let store = Store::open(cfg).unwrap();
         for i in 0..300u32 {
-            store.put(format!("k{i}").as_bytes(), &vec![i as u8; 500]).unwrap();
+            store.put(format!("k{i}").as_bytes(), &vec![i as u8; 500], &PutOptions::default()).unwrap();
         }
-        store.delete(b"k7").unwrap();
+        store.delete(b"k7", &DeleteOptions::default()).unwrap();
         store.close().unwrap();
     }
 

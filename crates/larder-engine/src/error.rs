@@ -1,5 +1,6 @@
 //! One error type for real failures; misses and refusals are ordinary return values.
 
+use rustix::io::Errno;
 use std::fmt;
 
 /// What kind of failure happened; callers (the HTTP layer) map kinds to statuses in one table.
@@ -21,13 +22,16 @@ pub enum ErrorKind {
     Corrupt,
     /// Another process holds the data directory.
     Locked,
+    /// A call made with `nonblocking: true` would have waited (for the device, the writer
+    /// lock, a ring rotation or an fdatasync); nothing was done. Retry where blocking is fine.
+    WouldBlock,
 }
 
 /// A failure from the engine.
 #[derive(Debug)]
 pub struct Error {
     kind: ErrorKind,
-    message: String,
+    message: std::borrow::Cow<'static, str>,
     source: Option<std::io::Error>,
 }
 
@@ -36,14 +40,19 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     /// An error of `kind` with a one-line message.
-    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+    pub fn new(kind: ErrorKind, message: impl Into<std::borrow::Cow<'static, str>>) -> Error {
         Error { kind, message: message.into(), source: None }
     }
 
+    /// The answer of a non-blocking call that would have waited (no allocation).
+    pub(crate) fn would_block() -> Error {
+        Error::new(ErrorKind::WouldBlock, "the call would block")
+    }
+
     /// Wraps an I/O error with what was being done; ENOSPC and EDQUOT become `NoSpace`.
-    pub fn io(what: impl Into<String>, e: std::io::Error) -> Error {
+    pub fn io(what: impl Into<std::borrow::Cow<'static, str>>, e: std::io::Error) -> Error {
         let kind = match e.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => ErrorKind::NoSpace,
+            Some(n) if n == Errno::NOSPC.raw_os_error() || n == Errno::DQUOT.raw_os_error() => ErrorKind::NoSpace,
             _ => ErrorKind::Io,
         };
         Error { kind, message: what.into(), source: Some(e) }

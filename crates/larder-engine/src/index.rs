@@ -29,7 +29,7 @@ const MIN_CAPACITY: usize = 8;
 /// Largest slot number a location can hold.
 pub const MAX_SLOTS: usize = 1 << 14;
 /// Largest volume size a location can address (offsets are 32-bit in 8-byte units).
-pub const MAX_VOLUME_SIZE: u64 = (u32::MAX as u64 + 1) * crate::record::ALIGN;
+pub const MAX_VOLUME_SIZE: u64 = (u32::MAX as u64 + 1) * crate::format::record::ALIGN;
 
 /// Where a record lives, as the index keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,11 +209,6 @@ impl Index {
     /// Number of entries (stale ones included until they are swept).
     pub fn len(&self) -> u64 {
         self.len.load(Ordering::Relaxed)
-    }
-
-    /// Whether the index holds no entry.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The location stored for `hash`, if any.
@@ -421,7 +416,7 @@ mod tests {
         idx.insert(42, loc(2));
         assert!(!idx.remove_if_eq(42, loc(1)));
         assert!(idx.remove_if_eq(42, loc(2)));
-        assert!(idx.is_empty());
+        assert_eq!(idx.len(), 0);
     }
 
     #[test]

@@ -2,39 +2,58 @@
 //!
 //! Values are appended as checksummed records to a few large volume files that form a ring
 //! (the oldest volume is reused first), and found through a compact in-memory index of key
-//! hashes. No HTTP here: see `Store` for the API.
+//! hashes. No HTTP here: see [`Store`] for the API.
 //!
 //! ```
 //! let dir = tempfile::tempdir().unwrap();
 //! let store = larder_engine::Store::open(larder_engine::StoreConfig::new(dir.path())).unwrap();
-//! store.put(b"greeting", b"hello world").unwrap();
-//! assert_eq!(&store.get(b"greeting").unwrap().unwrap().data[..], b"hello world");
-//! assert!(store.delete(b"greeting").unwrap());
-//! assert!(store.get(b"greeting").unwrap().is_none());
+//! use larder_engine::{DeleteOptions, PutOptions, ReadOptions};
+//! store.put(b"greeting", b"hello world", &PutOptions::default()).unwrap();
+//! let read = ReadOptions::default();
+//! assert_eq!(&store.get(b"greeting", &read).unwrap().unwrap().data[..], b"hello world");
+//! assert!(store.delete(b"greeting", &DeleteOptions::default()).unwrap());
+//! assert!(store.get(b"greeting", &read).unwrap().is_none());
 //! ```
+//!
+//! The modules form layers, each using only those listed before it (docs/ARCHITECTURE.md;
+//! `tests/architecture.rs` keeps it so): `error`, `types`, `config`, `clock`, `stats`,
+//! `pause`; `format`; `io`; `index`; `disk`; `recovery`; `memory`; `maintenance`; `store`;
+//! `check`.
+
+mod clock;
+mod config;
+mod error;
+pub mod pause;
+mod stats;
+mod types;
+
+pub mod format;
+
+mod io;
+
+mod index;
+
+mod disk;
+
+mod recovery;
+
+mod memory;
+
+mod maintenance;
+
+mod store;
 
 pub mod check;
-pub mod dirs;
-mod error;
-pub mod faults;
-mod flight;
-pub mod hint;
-pub mod index;
-pub mod io;
-pub mod manifest;
-pub mod memory;
-pub mod meta;
-mod ops;
-pub mod pause;
-pub mod record;
-pub mod recovery;
-mod store;
-pub mod volume;
 
+pub use clock::now_ms;
+pub use config::{Eviction, FsyncPolicy, MemoryConfig, StoreConfig, MIN_VOLUME_SIZE};
 pub use error::{Error, ErrorKind, Result};
-pub use memory::{Eviction, MemoryConfig};
-pub use ops::{unmet, ByteRange, Part, Precondition, PutOptions, Version};
-pub use recovery::{RecoveryProgress, RecoveryReport};
-pub use store::{
-    now_ms, DirState, DirStats, FsyncPolicy, Position, Stats, Store, StoreConfig, Stored, Tier, Value, MIN_VOLUME_SIZE,
+pub use format::meta::MAX_CONTENT_TYPE;
+pub use format::record::MAX_KEY_LEN;
+pub use io::{faults, FileIo};
+pub use stats::{DirState, DirStats, RecoveryProgress, RecoveryReport, Stats};
+pub use store::Store;
+pub use types::{
+    unmet, ByteRange, DeleteOptions, Part, Position, Precondition, PutOptions, ReadOptions, Stored, Tier, Value,
+    Version,
 };

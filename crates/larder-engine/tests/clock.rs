@@ -8,7 +8,7 @@
 //! Its own test binary: the clock skew is process-wide.
 
 use larder_engine::faults;
-use larder_engine::{FsyncPolicy, Store, StoreConfig};
+use larder_engine::{FsyncPolicy, PutOptions, ReadOptions, Store, StoreConfig};
 use std::path::Path;
 
 const HOUR: i64 = 3_600_000;
@@ -26,12 +26,12 @@ fn write_after_clock_steps_back(stop: impl FnOnce(&Path, Store)) {
     // Later than the active volume's creation time, so that only the records' own store
     // times (from the checkpoint, the hint file or a scan) can tell recovery about it.
     std::thread::sleep(std::time::Duration::from_millis(20));
-    let first = store.put_with(b"k", b"same bytes", &Default::default()).unwrap().version;
+    let first = store.put(b"k", b"same bytes", &Default::default()).unwrap().version;
     stop(dir.path(), store);
     faults::skew_clock(0);
     let store = Store::open(config(dir.path())).unwrap();
-    assert_eq!(&store.get(b"k").unwrap().expect("kept").data[..], b"same bytes");
-    let again = store.put_with(b"k", b"same bytes", &Default::default()).unwrap().version;
+    assert_eq!(&store.get(b"k", &ReadOptions::default()).unwrap().expect("kept").data[..], b"same bytes");
+    let again = store.put(b"k", b"same bytes", &Default::default()).unwrap().version;
     assert!(
         again.stored_ms > first.stored_ms,
         "stamped {} after {}: a version could repeat",
@@ -48,7 +48,7 @@ fn store_times_go_on_from_the_newest_recovered_after_the_clock_steps_back() {
     // The record in a sealed volume, loaded from its hint file.
     write_after_clock_steps_back(|_, store| {
         for i in 0..40 {
-            store.put(format!("fill{i}").as_bytes(), &[0u8; 4096]).unwrap();
+            store.put(format!("fill{i}").as_bytes(), &[0u8; 4096], &PutOptions::default()).unwrap();
         }
         assert!(store.stats().rotations >= 1);
         store.settle();

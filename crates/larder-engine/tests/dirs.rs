@@ -6,8 +6,8 @@
 //! never an older value whose replacement is in a directory that cannot be read.
 
 use larder_engine::faults::{self, Failure, Op, Rule};
-use larder_engine::volume::{volume_path, VOLUME_HEADER_LEN};
-use larder_engine::{DirState, ErrorKind, FsyncPolicy, Store, StoreConfig};
+use larder_engine::format::volume::{volume_path, VOLUME_HEADER_LEN};
+use larder_engine::{DeleteOptions, DirState, ErrorKind, FsyncPolicy, PutOptions, ReadOptions, Store, StoreConfig};
 use std::path::{Path, PathBuf};
 
 const VOLUME: u64 = 64 << 10;
@@ -30,7 +30,15 @@ fn dir_of(dirs: &[&Path], slot: u32) -> Option<usize> {
 
 /// Puts `n` values of 4 KiB under `prefix{i}`; returns the slots they landed in.
 fn fill(store: &Store, prefix: &str, n: usize) -> Vec<u32> {
-    (0..n).map(|i| store.put(format!("{prefix}{i}").as_bytes(), &value(prefix, i)).unwrap().volume).collect()
+    (0..n)
+        .map(|i| {
+            store
+                .put(format!("{prefix}{i}").as_bytes(), &value(prefix, i), &PutOptions::default())
+                .unwrap()
+                .position
+                .volume
+        })
+        .collect()
 }
 
 fn value(prefix: &str, i: usize) -> Vec<u8> {
@@ -39,7 +47,7 @@ fn value(prefix: &str, i: usize) -> Vec<u8> {
 }
 
 fn get(store: &Store, key: &str) -> Option<Vec<u8>> {
-    store.get(key.as_bytes()).unwrap().map(|v| v.data.to_vec())
+    store.get(key.as_bytes(), &ReadOptions::default()).unwrap().map(|v| v.data.to_vec())
 }
 
 /// The active slot, then the slots the ring fills next, in order.
@@ -124,7 +132,7 @@ fn a_failing_directory_answers_errors_for_its_keys_and_writes_go_to_the_other() 
     }
     // Keys in `b` are errors (a server answers 503), never misses or other bytes; `a` serves.
     for i in 0..70 {
-        match store.get(format!("k{i}").as_bytes()) {
+        match store.get(format!("k{i}").as_bytes(), &ReadOptions::default()) {
             Ok(v) => {
                 assert!(!in_b(i), "k{i} read from the failed directory");
                 assert_eq!(v.map(|v| v.data.to_vec()), Some(value("k", i)));
@@ -150,15 +158,15 @@ fn a_failing_directory_answers_errors_for_its_keys_and_writes_go_to_the_other() 
 /// Puts `key` = `v1`, then turns the ring until the next volume is in the other directory,
 /// and puts `key` = `v2` there. Returns the directories (by index) of the two records.
 fn two_values_in_two_directories(store: &Store, dirs: &[&Path], key: &str) -> (usize, usize) {
-    let first = store.put(key.as_bytes(), b"v1").unwrap().volume;
+    let first = store.put(key.as_bytes(), b"v1", &PutOptions::default()).unwrap().position.volume;
     let d1 = dir_of(dirs, first).unwrap();
     for i in 0.. {
-        let p = store.put(format!("fill{i}").as_bytes(), &[7u8; 4000]).unwrap();
-        if dir_of(dirs, p.volume) != Some(d1) {
+        let p = store.put(format!("fill{i}").as_bytes(), &[7u8; 4000], &PutOptions::default()).unwrap();
+        if dir_of(dirs, p.position.volume) != Some(d1) {
             break;
         }
     }
-    let second = store.put(key.as_bytes(), b"v2").unwrap().volume;
+    let second = store.put(key.as_bytes(), b"v2", &PutOptions::default()).unwrap().position.volume;
     let d2 = dir_of(dirs, second).unwrap();
     assert_ne!(d1, d2);
     (d1, d2)
@@ -170,7 +178,7 @@ fn a_missing_directory_starts_degraded_and_never_serves_an_older_value() {
     let dirs = [a.path(), b.path()];
     let store = Store::open(config(&dirs)).unwrap();
     let (d1, d2) = two_values_in_two_directories(&store, &dirs, "key");
-    store.put(b"gone", b"deleted while missing").unwrap();
+    store.put(b"gone", b"deleted while missing", &PutOptions::default()).unwrap();
     drop(store);
 
     // The directory with the newer value is missing: `key` must not come back as "v1".
@@ -187,8 +195,8 @@ fn a_missing_directory_starts_degraded_and_never_serves_an_older_value() {
     assert_eq!(st.dirs.iter().filter(|d| d.state == DirState::Missing).count(), 1);
     assert_eq!(get(&store, "key"), None, "an older value served while the newer one is missing");
     // Writes and deletes go on; a delete holds when the missing directory returns.
-    store.put(b"while", b"degraded").unwrap();
-    assert!(!store.delete(b"gone").unwrap());
+    store.put(b"while", b"degraded", &PutOptions::default()).unwrap();
+    assert!(!store.delete(b"gone", &DeleteOptions::default()).unwrap());
     drop(store);
 
     // Both back: the latest value, the delete, and what was written meanwhile.
@@ -216,7 +224,7 @@ fn an_empty_mount_point_is_not_taken_for_a_new_directory() {
     let st = store.stats();
     assert!(st.degraded);
     assert_eq!(st.dirs.iter().find(|d| d.path == b).map(|d| d.state), Some(DirState::Missing));
-    store.put(b"meanwhile", b"x").unwrap();
+    store.put(b"meanwhile", b"x", &PutOptions::default()).unwrap();
     drop(store);
     assert_eq!(std::fs::read_dir(&b).unwrap().count(), 0, "larder wrote into the empty mount point");
 
@@ -231,8 +239,8 @@ fn an_empty_mount_point_is_not_taken_for_a_new_directory() {
 #[test]
 fn a_directory_of_another_store_is_refused() {
     let (a, b, c) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    Store::open(config(&[a.path()])).unwrap().put(b"k", b"a").unwrap();
-    Store::open(config(&[b.path()])).unwrap().put(b"k", b"b").unwrap();
+    Store::open(config(&[a.path()])).unwrap().put(b"k", b"a", &PutOptions::default()).unwrap();
+    Store::open(config(&[b.path()])).unwrap().put(b"k", b"b", &PutOptions::default()).unwrap();
     let err = Store::open(config(&[a.path(), b.path()])).err().expect("two stores mixed");
     assert!(err.to_string().contains("different larder stores"), "{err}");
     // A new empty directory joins fine, and the data is untouched.
@@ -242,15 +250,15 @@ fn a_directory_of_another_store_is_refused() {
 
 #[test]
 fn a_directory_of_the_one_directory_format_opens_with_its_data_and_hints() {
-    use larder_engine::dirs::{DirId, ID_FILE};
-    use larder_engine::manifest::{Manifest, FILE_NAME};
+    use larder_engine::format::dir_id::{DirId, ID_FILE};
+    use larder_engine::format::manifest::{Manifest, FILE_NAME};
     let a = tempfile::tempdir().unwrap();
     let store = Store::open(config(&[a.path()])).unwrap();
     fill(&store, "k", 40);
     drop(store);
     // Rewrite it as the previous version left it: a 64-byte manifest whose id is the
     // directory's (and its volumes'), and no id file.
-    let id = DirId::load(a.path()).unwrap().dir_id;
+    let id = DirId::decode(&std::fs::read(a.path().join(ID_FILE)).unwrap()).unwrap().dir_id;
     let m = Manifest::decode(&std::fs::read(a.path().join(FILE_NAME)).unwrap()).unwrap();
     let mut v1 = [0u8; 64];
     v1[0..8].copy_from_slice(b"LARDMANI");
@@ -271,7 +279,11 @@ fn a_directory_of_the_one_directory_format_opens_with_its_data_and_hints() {
     for i in 0..40 {
         assert_eq!(get(&store, &format!("k{i}")), Some(value("k", i)));
     }
-    assert_eq!(DirId::load(a.path()).unwrap().dir_id, id, "the directory keeps its id");
+    assert_eq!(
+        DirId::decode(&std::fs::read(a.path().join(ID_FILE)).unwrap()).unwrap().dir_id,
+        id,
+        "the directory keeps its id"
+    );
 }
 
 #[test]
@@ -279,7 +291,7 @@ fn two_runs_each_missing_the_other_directory_never_bring_back_a_deleted_value() 
     let (a, c) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let dirs = [a.path(), c.path()];
     let store = Store::open(config(&dirs)).unwrap();
-    store.put(b"key", b"v1").unwrap();
+    store.put(b"key", b"v1", &PutOptions::default()).unwrap();
     fill(&store, "f", 60); // volumes in both directories
     drop(store);
 
@@ -287,14 +299,14 @@ fn two_runs_each_missing_the_other_directory_never_bring_back_a_deleted_value() 
     let store = Store::open(config(&[c.path()])).unwrap();
     assert!(store.stats().degraded);
     assert_eq!(get(&store, "key"), None);
-    store.delete(b"key").unwrap();
-    store.put(b"x", b"run 1").unwrap();
+    store.delete(b"key", &DeleteOptions::default()).unwrap();
+    store.put(b"x", b"run 1", &PutOptions::default()).unwrap();
     drop(store);
     // Run 2 without `c` (whose manifest copy is the newer one): nothing from before.
     let store = Store::open(config(&[a.path()])).unwrap();
     assert!(store.stats().degraded);
     assert_eq!(get(&store, "key"), None, "a deleted value came back");
-    store.put(b"y", b"run 2").unwrap();
+    store.put(b"y", b"run 2", &PutOptions::default()).unwrap();
     drop(store);
     // Both back: the delete holds; what each run wrote is there or a miss, never older.
     let store = Store::open(config(&dirs)).unwrap();
@@ -313,7 +325,9 @@ fn with_fsync_always_a_directory_whose_syncs_fail_stops_failing_the_other_ones_w
     fill(&store, "k", 40);
     let _clear = Faulty(b.path());
     faults::inject(b.path(), Rule::always(Op::Sync, Failure::Io)).unwrap();
-    let results: Vec<bool> = (0..60).map(|i| store.put(format!("n{i}").as_bytes(), &value("n", i)).is_ok()).collect();
+    let results: Vec<bool> = (0..60)
+        .map(|i| store.put(format!("n{i}").as_bytes(), &value("n", i), &PutOptions::default()).is_ok())
+        .collect();
     let first_ok = results.iter().position(|&ok| ok).expect("no write succeeded");
     assert!(first_ok <= 3 && results[first_ok..].iter().all(|&ok| ok), "{results:?}");
     for i in first_ok..60 {
@@ -333,7 +347,7 @@ fn writes_resume_when_every_directory_failed_and_the_fault_clears() {
             faults::inject(d, Rule::always(Op::Write, Failure::Io)).unwrap();
         }
         for i in 0..40 {
-            assert!(store.put(format!("n{i}").as_bytes(), &value("n", i)).is_err());
+            assert!(store.put(format!("n{i}").as_bytes(), &value("n", i), &PutOptions::default()).is_err());
         }
         assert!(store.stats().dirs.iter().all(|d| d.state == DirState::Failed));
     }

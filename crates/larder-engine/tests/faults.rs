@@ -6,7 +6,7 @@
 //! reopen; after a power cut, recovery finds what the fsync policy promised.
 
 use larder_engine::faults::{self, Failure, Op, Rule};
-use larder_engine::{ErrorKind, FsyncPolicy, MemoryConfig, Store, StoreConfig};
+use larder_engine::{DeleteOptions, ErrorKind, FsyncPolicy, MemoryConfig, PutOptions, ReadOptions, Store, StoreConfig};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +17,7 @@ fn config(dir: &Path, fsync: FsyncPolicy) -> StoreConfig {
 }
 
 fn get(store: &Store, key: &str) -> Option<Vec<u8>> {
-    store.get(key.as_bytes()).unwrap().map(|v| v.data.to_vec())
+    store.get(key.as_bytes(), &ReadOptions::default()).unwrap().map(|v| v.data.to_vec())
 }
 
 /// Clears the directory's faults when a test ends, even by a panic.
@@ -37,18 +37,18 @@ fn no_space_fails_the_write_keeps_old_values_and_clears_without_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let _f = Faulty(dir.path());
     let store = Store::open(config(dir.path(), FsyncPolicy::Never)).unwrap();
-    store.put(b"k", b"first").unwrap();
+    store.put(b"k", b"first", &PutOptions::default()).unwrap();
     faults::inject(dir.path(), Rule::always(Op::Write, Failure::NoSpace)).unwrap();
-    let e = store.put(b"k", b"second").unwrap_err();
+    let e = store.put(b"k", b"second", &PutOptions::default()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NoSpace, "{e}");
-    assert_eq!(store.put(b"new", b"x").unwrap_err().kind(), ErrorKind::NoSpace);
-    assert_eq!(store.delete(b"k").unwrap_err().kind(), ErrorKind::NoSpace);
+    assert_eq!(store.put(b"new", b"x", &PutOptions::default()).unwrap_err().kind(), ErrorKind::NoSpace);
+    assert_eq!(store.delete(b"k", &DeleteOptions::default()).unwrap_err().kind(), ErrorKind::NoSpace);
     // Reads go on, and see the old state.
     assert_eq!(get(&store, "k").as_deref(), Some(&b"first"[..]));
     assert_eq!(get(&store, "new"), None);
     assert!(store.stats().write_failures >= 3);
     faults::clear(dir.path());
-    store.put(b"k", b"second").unwrap();
+    store.put(b"k", b"second", &PutOptions::default()).unwrap();
     assert_eq!(get(&store, "k").as_deref(), Some(&b"second"[..]));
     drop(store);
     let store = Store::open(config(dir.path(), FsyncPolicy::Never)).unwrap();
@@ -61,15 +61,15 @@ fn short_writes_leave_nothing_indexed_even_when_the_cut_fails() {
     let dir = tempfile::tempdir().unwrap();
     let _f = Faulty(dir.path());
     let store = Store::open(config(dir.path(), FsyncPolicy::Never)).unwrap();
-    store.put(b"before", &[1u8; 3000]).unwrap();
+    store.put(b"before", &[1u8; 3000], &PutOptions::default()).unwrap();
     // Half of the record lands, then ENOSPC; the cleanup cut also fails, so the half record
     // stays in the file after the last good one until the next write covers it.
     faults::inject(dir.path(), rule("write short count=1")).unwrap();
     faults::inject(dir.path(), rule("write eio count=1")).unwrap();
-    assert_eq!(store.put(b"torn", &[2u8; 5000]).unwrap_err().kind(), ErrorKind::NoSpace);
+    assert_eq!(store.put(b"torn", &[2u8; 5000], &PutOptions::default()).unwrap_err().kind(), ErrorKind::NoSpace);
     assert_eq!(get(&store, "torn"), None);
     // The next write goes where the torn one was (the faults are spent).
-    store.put(b"after", &[3u8; 100]).unwrap();
+    store.put(b"after", &[3u8; 100], &PutOptions::default()).unwrap();
     assert_eq!(get(&store, "after"), Some(vec![3u8; 100]));
     drop(store);
     let store = Store::open(config(dir.path(), FsyncPolicy::Never)).unwrap();
@@ -84,17 +84,17 @@ fn eio_on_write_is_an_io_error_and_eio_on_read_is_not_a_miss() {
     let dir = tempfile::tempdir().unwrap();
     let _f = Faulty(dir.path());
     let store = Store::open(config(dir.path(), FsyncPolicy::Never)).unwrap();
-    store.put(b"k", b"value").unwrap();
+    store.put(b"k", b"value", &PutOptions::default()).unwrap();
     faults::inject(dir.path(), rule("write eio")).unwrap();
-    assert_eq!(store.put(b"k", b"other").unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(store.put(b"k", b"other", &PutOptions::default()).unwrap_err().kind(), ErrorKind::Io);
     faults::clear(dir.path());
     faults::inject(dir.path(), rule("read eio file=vol-")).unwrap();
     // An unreadable device is an error (the server answers 503), never "not found".
-    assert_eq!(store.get(b"k").unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(store.get(b"k", &ReadOptions::default()).unwrap_err().kind(), ErrorKind::Io);
     assert!(store.stats().read_failures >= 1);
     // A DELETE that cannot read the record it would remove fails; it does not answer "absent"
     // (the server's power-cut test found that one).
-    assert_eq!(store.delete(b"k").unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(store.delete(b"k", &DeleteOptions::default()).unwrap_err().kind(), ErrorKind::Io);
     faults::clear(dir.path());
     assert_eq!(get(&store, "k").as_deref(), Some(&b"value"[..]));
 }
@@ -106,11 +106,11 @@ fn a_failed_fsync_fails_the_waiting_writes_and_undoes_them() {
     let memory = MemoryConfig { capacity: 1 << 20, on_put: true, ..MemoryConfig::default() };
     let cfg = StoreConfig { memory, ..config(dir.path(), FsyncPolicy::Always) };
     let store = std::sync::Arc::new(Store::open(cfg).unwrap());
-    store.put(b"k", b"v1").unwrap();
-    store.put(b"gone", b"kept").unwrap();
+    store.put(b"k", b"v1", &PutOptions::default()).unwrap();
+    store.put(b"gone", b"kept", &PutOptions::default()).unwrap();
     faults::inject(dir.path(), rule("sync eio")).unwrap();
-    assert_eq!(store.put(b"k", b"v2").unwrap_err().kind(), ErrorKind::Io);
-    assert_eq!(store.delete(b"gone").unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(store.put(b"k", b"v2", &PutOptions::default()).unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(store.delete(b"gone", &DeleteOptions::default()).unwrap_err().kind(), ErrorKind::Io);
     // Concurrent writers sharing failed syncs all fail, and none of their values shows.
     let writers: Vec<_> = (0..8)
         .map(|t| {
@@ -118,8 +118,8 @@ fn a_failed_fsync_fails_the_waiting_writes_and_undoes_them() {
             std::thread::spawn(move || {
                 for i in 0..20 {
                     let key = format!("w{t}/{i}");
-                    assert!(store.put(key.as_bytes(), b"never").is_err());
-                    assert!(store.put(b"k", key.as_bytes()).is_err());
+                    assert!(store.put(key.as_bytes(), b"never", &PutOptions::default()).is_err());
+                    assert!(store.put(b"k", key.as_bytes(), &PutOptions::default()).is_err());
                 }
             })
         })
@@ -133,8 +133,8 @@ fn a_failed_fsync_fails_the_waiting_writes_and_undoes_them() {
     assert_eq!(store.stats().keys, 2);
     assert!(store.stats().sync_failures >= 1);
     faults::clear(dir.path());
-    store.put(b"k", b"v3").unwrap();
-    assert!(store.delete(b"gone").unwrap());
+    store.put(b"k", b"v3", &PutOptions::default()).unwrap();
+    assert!(store.delete(b"gone", &DeleteOptions::default()).unwrap());
     assert_eq!(get(&store, "k").as_deref(), Some(&b"v3"[..]));
     assert_eq!(get(&store, "gone"), None);
 }
@@ -148,12 +148,12 @@ fn a_delete_after_a_failed_put_stays_deleted_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let _f = Faulty(dir.path());
     let store = Store::open(config(dir.path(), FsyncPolicy::Always)).unwrap();
-    store.put(b"other", b"kept").unwrap();
+    store.put(b"other", b"kept", &PutOptions::default()).unwrap();
     faults::inject(dir.path(), rule("sync eio count=1")).unwrap();
-    assert_eq!(store.put(b"k", b"failed put").unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(store.put(b"k", b"failed put", &PutOptions::default()).unwrap_err().kind(), ErrorKind::Io);
     faults::clear(dir.path());
     assert_eq!(get(&store, "k"), None, "a failed put's value is visible");
-    assert!(!store.delete(b"k").unwrap(), "the failed put's key counted as present");
+    assert!(!store.delete(b"k", &DeleteOptions::default()).unwrap(), "the failed put's key counted as present");
     drop(store);
     let store = Store::open(config(dir.path(), FsyncPolicy::Always)).unwrap();
     assert_eq!(get(&store, "k"), None, "a key whose delete was acknowledged came back");
@@ -171,7 +171,7 @@ fn a_volume_that_cannot_be_started_fails_writes_until_the_fault_clears() {
     let mut failed = 0;
     for i in 0..200 {
         let key = format!("k{i}");
-        match store.put(key.as_bytes(), &[i as u8; 4000]) {
+        match store.put(key.as_bytes(), &[i as u8; 4000], &PutOptions::default()) {
             Ok(_) => stored.push(i),
             Err(e) => {
                 assert_eq!(e.kind(), ErrorKind::NoSpace);
@@ -184,9 +184,9 @@ fn a_volume_that_cannot_be_started_fails_writes_until_the_fault_clears() {
         assert_eq!(get(&store, &format!("k{i}")), Some(vec![i as u8; 4000]));
     }
     faults::clear(dir.path());
-    store.put(b"later", &[9u8; 4000]).unwrap();
+    store.put(b"later", &[9u8; 4000], &PutOptions::default()).unwrap();
     for i in 0..200 {
-        store.put(format!("k{i}").as_bytes(), &[i as u8; 100]).unwrap();
+        store.put(format!("k{i}").as_bytes(), &[i as u8; 100], &PutOptions::default()).unwrap();
     }
     drop(store);
     let store = Store::open(config(dir.path(), FsyncPolicy::Never)).unwrap();
@@ -201,7 +201,7 @@ fn failed_hint_files_fall_back_to_scanning() {
     let store = Store::open(config(dir.path(), FsyncPolicy::Never)).unwrap();
     faults::inject(dir.path(), rule("write eio file=.tmp")).unwrap();
     for i in 0..300u32 {
-        store.put(format!("k{i}").as_bytes(), &i.to_le_bytes().repeat(500)).unwrap();
+        store.put(format!("k{i}").as_bytes(), &i.to_le_bytes().repeat(500), &PutOptions::default()).unwrap();
     }
     store.settle();
     assert_eq!(store.stats().hints_written, 0);
@@ -254,7 +254,13 @@ fn load(store: &Store, seed: u64, ops: u64, keys: u64) -> History {
 
 /// [`load`] on the keys in `range` only, so several threads can load at once.
 /// Counts each acknowledged write in `acked`.
-fn load_range(store: &Store, seed: u64, ops: u64, range: std::ops::Range<u64>, acked: &AtomicU64) -> (History, Unacked) {
+fn load_range(
+    store: &Store,
+    seed: u64,
+    ops: u64,
+    range: std::ops::Range<u64>,
+    acked: &AtomicU64,
+) -> (History, Unacked) {
     let mut rng = Rng(seed | 1);
     let mut history = History::new();
     let mut unacked = Unacked::new();
@@ -262,10 +268,10 @@ fn load_range(store: &Store, seed: u64, ops: u64, range: std::ops::Range<u64>, a
         let key = range.start + rng.below(range.end - range.start);
         let name = format!("key/{key}");
         let (value, ok) = if rng.below(5) == 0 {
-            (None, store.delete(name.as_bytes()).is_ok())
+            (None, store.delete(name.as_bytes(), &DeleteOptions::default()).is_ok())
         } else {
             let v = versioned(key, seed << 20 | n);
-            let ok = store.put(name.as_bytes(), &v).is_ok();
+            let ok = store.put(name.as_bytes(), &v, &PutOptions::default()).is_ok();
             (Some(v), ok)
         };
         if ok {

@@ -4,10 +4,11 @@
 //! `LARDER_FUZZ_CASES` sets the number of cases of the volume-scan property (default 10,000);
 //! the whole-store property runs a tenth as many (each opens a store).
 
-use larder_engine::record::{self, Header, FLAG_TOMBSTONE};
-use larder_engine::recovery::{scan_volume, ScanEvent, ScanRange};
-use larder_engine::volume::{VolumeHeader, VOLUME_HEADER_LEN};
-use larder_engine::{hint, meta, FsyncPolicy, Store, StoreConfig};
+use larder_engine::check::{scan_volume, ScanEvent, ScanRange};
+use larder_engine::format::record::{self, Header, FLAG_TOMBSTONE};
+use larder_engine::format::volume::{VolumeHeader, VOLUME_HEADER_LEN};
+use larder_engine::format::{hint, meta};
+use larder_engine::{DeleteOptions, FsyncPolicy, PutOptions, ReadOptions, Store, StoreConfig};
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::io::Write;
@@ -225,11 +226,11 @@ fn pristine() -> &'static Pristine {
         for i in 0..120u64 {
             let key = format!("k{}", i % 40);
             if i.is_multiple_of(9) {
-                store.delete(key.as_bytes()).unwrap();
+                store.delete(key.as_bytes(), &DeleteOptions::default()).unwrap();
                 continue;
             }
             let value: Vec<u8> = (0..(i * 53 % 2000) as usize).map(|j| (j as u64 * 31 + i) as u8).collect();
-            store.put(key.as_bytes(), &value).unwrap();
+            store.put(key.as_bytes(), &value, &PutOptions::default()).unwrap();
             versions.entry(key).or_default().push(value);
         }
         drop(store);
@@ -268,7 +269,7 @@ proptest! {
         std::fs::write(&vol, &bytes).unwrap();
         let store = Store::open(StoreConfig { volume_size: 1 << 20, volume_count: 2, fsync: FsyncPolicy::Never, ..StoreConfig::new(dir.path()) }).unwrap();
         for (key, versions) in &p.versions {
-            if let Some(v) = store.get(key.as_bytes()).unwrap() {
+            if let Some(v) = store.get(key.as_bytes(), &ReadOptions::default()).unwrap() {
                 prop_assert!(versions.iter().any(|w| w[..] == v.data[..]), "{} read bytes never written for it", key);
             }
         }

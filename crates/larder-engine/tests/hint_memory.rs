@@ -3,7 +3,7 @@
 //! RAM (that was about 1.2 GiB for a 1 GiB volume). Its own test binary, so that the peak
 //! resident memory measured is this test's alone.
 
-use larder_engine::{FsyncPolicy, MemoryConfig, Store, StoreConfig};
+use larder_engine::{FsyncPolicy, MemoryConfig, PutOptions, Store, StoreConfig};
 
 /// (current, peak) resident memory of this process, in bytes.
 fn rss() -> (u64, u64) {
@@ -29,7 +29,7 @@ fn sealing_a_volume_of_tiny_records_streams_its_hint() {
     let store = Store::open(cfg).unwrap();
     let mut i = 0u64;
     let put = |i: &mut u64| {
-        store.put(format!("{i:016x}").as_bytes(), b"").unwrap();
+        store.put(format!("{i:016x}").as_bytes(), b"", &PutOptions::default()).unwrap();
         *i += 1;
     };
     // 64-byte records (header and a 16-byte key, no value) until the first volume has room

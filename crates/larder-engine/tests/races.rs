@@ -9,7 +9,8 @@
 use larder_engine::faults::{self, Rule};
 use larder_engine::pause;
 use larder_engine::{
-    ByteRange, ErrorKind, FsyncPolicy, MemoryConfig, Part, Precondition, PutOptions, Store, StoreConfig,
+    ByteRange, DeleteOptions, ErrorKind, FsyncPolicy, MemoryConfig, Part, Precondition, PutOptions, ReadOptions, Store,
+    StoreConfig,
 };
 use std::path::Path;
 use std::sync::mpsc;
@@ -22,7 +23,7 @@ fn config(dir: &Path) -> StoreConfig {
 }
 
 fn data(store: &Store, key: &[u8]) -> Option<Vec<u8>> {
-    store.get(key).unwrap().map(|v| v.data.to_vec())
+    store.get(key, &ReadOptions::default()).unwrap().map(|v| v.data.to_vec())
 }
 
 /// Clears the directory's faults when a test ends, even by a panic.
@@ -39,7 +40,7 @@ impl Drop for Faulty<'_> {
 fn get_after_write_skips_the_read_in_the_air(k: &[u8], write: impl FnOnce(&Store), expect: Option<&[u8]>) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(config(dir.path())).unwrap();
-    store.put(k, b"old value").unwrap();
+    store.put(k, b"old value", &PutOptions::default()).unwrap();
     let lead = pause::arm("flight.lead", k);
     std::thread::scope(|s| {
         let leader = s.spawn(|| data(&store, k));
@@ -64,14 +65,18 @@ fn get_after_write_skips_the_read_in_the_air(k: &[u8], write: impl FnOnce(&Store
 fn a_get_after_a_put_never_joins_a_read_that_began_before_it() {
     get_after_write_skips_the_read_in_the_air(
         b"put-k",
-        |s| assert!(s.put(b"put-k", b"new value").is_ok()),
+        |s| assert!(s.put(b"put-k", b"new value", &PutOptions::default()).is_ok()),
         Some(b"new value"),
     );
 }
 
 #[test]
 fn a_get_after_a_delete_never_joins_a_read_that_began_before_it() {
-    get_after_write_skips_the_read_in_the_air(b"delete-k", |s| assert!(s.delete(b"delete-k").unwrap()), None);
+    get_after_write_skips_the_read_in_the_air(
+        b"delete-k",
+        |s| assert!(s.delete(b"delete-k", &DeleteOptions::default()).unwrap()),
+        None,
+    );
 }
 
 /// Linux 5.9 and 5.10 may answer a non-blocking read that would block with a short count
@@ -88,8 +93,8 @@ fn a_short_non_blocking_read_is_would_block_not_damage() {
     .unwrap();
     let small: Vec<u8> = (0..10_000u32).map(|i| (i * 13) as u8).collect();
     let large: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
-    store.put(b"small", &small).unwrap();
-    store.put(b"large", &large).unwrap();
+    store.put(b"small", &small, &PutOptions::default()).unwrap();
+    store.put(b"large", &large, &PutOptions::default()).unwrap();
     let _faulty = Faulty(dir.path());
     faults::inject(dir.path(), Rule::parse("read short").unwrap()).unwrap();
     let range = Part::Range(ByteRange::Span(200_000, Some(200_099)));
@@ -97,10 +102,13 @@ fn a_short_non_blocking_read_is_would_block_not_damage() {
         [(&b"small"[..], Part::Whole), (b"large", Part::Whole), (b"large", range), (b"large", Part::Nothing)]
     {
         assert!(
-            store.try_get_part(key, part).unwrap().is_none(),
+            store.get(key, &ReadOptions { part, nonblocking: true }).unwrap_err().kind() == ErrorKind::WouldBlock,
             "a short non-blocking read was not taken as would-block"
         );
-        let v = store.get_part(key, part).unwrap().expect("the blocking read finds the value");
+        let v = store
+            .get(key, &ReadOptions { part, ..Default::default() })
+            .unwrap()
+            .expect("the blocking read finds the value");
         let whole = if key == b"small" { &small } else { &large };
         let want = match part {
             Part::Range(r) => {
@@ -128,12 +136,12 @@ fn a_failed_sync_undo_racing_a_promotion_keeps_the_old_value() {
     let dir = tempfile::tempdir().unwrap();
     let memory = MemoryConfig { promote_after: 1, ..MemoryConfig::default() };
     let store = Store::open(StoreConfig { fsync: FsyncPolicy::Always, memory, ..config(dir.path()) }).unwrap();
-    store.put(b"undo-k", b"durable").unwrap();
+    store.put(b"undo-k", b"durable", &PutOptions::default()).unwrap();
     let _faulty = Faulty(dir.path());
     faults::inject(dir.path(), Rule::parse("sync eio count=1").unwrap()).unwrap();
     let undo = pause::arm("undo.between", b"undo-k");
     std::thread::scope(|s| {
-        let writer = s.spawn(|| store.put(b"undo-k", b"never acknowledged"));
+        let writer = s.spawn(|| store.put(b"undo-k", b"never acknowledged", &PutOptions::default()));
         assert!(undo.wait_arrived(ARRIVAL), "the failed sync never undid the write");
         // Whatever this GET answers (the write is not acknowledged yet), it must not leave
         // the failed value behind.
@@ -156,9 +164,9 @@ fn a_conditional_write_after_a_put_never_checks_against_the_replaced_value() {
     let dir = tempfile::tempdir().unwrap();
     let memory = MemoryConfig { promote_after: 1, ..MemoryConfig::default() };
     let store = Store::open(StoreConfig { memory, ..config(dir.path()) }).unwrap();
-    let v1 = store.put_with(b"cas-k", b"first", &PutOptions::default()).unwrap().version;
-    store.get(b"cas-k").unwrap();
-    assert_eq!(store.get(b"cas-k").unwrap().unwrap().tier, larder_engine::Tier::Memory);
+    let v1 = store.put(b"cas-k", b"first", &PutOptions::default()).unwrap().version;
+    store.get(b"cas-k", &ReadOptions::default()).unwrap();
+    assert_eq!(store.get(b"cas-k", &ReadOptions::default()).unwrap().unwrap().tier, larder_engine::Tier::Memory);
     let unlocked = pause::arm("put.unlocked", b"cas-k");
     let store = &store;
     std::thread::scope(|s| {
@@ -166,16 +174,16 @@ fn a_conditional_write_after_a_put_never_checks_against_the_replaced_value() {
         let put = s.spawn(move || store_put(store, &expired));
         assert!(unlocked.wait_arrived(ARRIVAL), "the PUT never released the writer lock");
         let cas = PutOptions { preconditions: &[Precondition::OneOf(vec![v1])], ..PutOptions::default() };
-        let r = store.put_with(b"cas-k", b"third", &cas);
+        let r = store.put(b"cas-k", b"third", &cas);
         unlocked.release();
         put.join().unwrap();
         assert_eq!(r.map(|_| ()).unwrap_err().kind(), ErrorKind::PreconditionFailed);
     });
-    assert!(store.get(b"cas-k").unwrap().is_none());
+    assert!(store.get(b"cas-k", &ReadOptions::default()).unwrap().is_none());
 }
 
 fn store_put(store: &Store, opts: &PutOptions<'_>) {
-    store.put_with(b"cas-k", b"second", opts).unwrap();
+    store.put(b"cas-k", b"second", opts).unwrap();
 }
 
 /// A value enters memory only if the index still names the record it was read from, and
@@ -194,16 +202,16 @@ fn a_promotion_compares_the_whole_generation() {
         ..config(dir.path())
     };
     let store = Store::open(cfg).unwrap();
-    let first = store.put(b"gen-k", &[1u8; 3000]).unwrap();
+    let first = store.put(b"gen-k", &[1u8; 3000], &PutOptions::default()).unwrap().position;
     let promote = pause::arm("promote", b"gen-k");
     std::thread::scope(|s| {
         let reader = s.spawn(|| data(&store, b"gen-k"));
         assert!(promote.wait_arrived(ARRIVAL), "the GET never reached its promotion");
         // One record fills a volume: each write turns the ring (generation + 1).
         for i in 0..127 {
-            store.put(format!("f{i:03}").as_bytes(), &[0u8; 3000]).unwrap();
+            store.put(format!("f{i:03}").as_bytes(), &[0u8; 3000], &PutOptions::default()).unwrap();
         }
-        let again = store.put(b"gen-k", &[2u8; 3000]).unwrap();
+        let again = store.put(b"gen-k", &[2u8; 3000], &PutOptions::default()).unwrap().position;
         assert_eq!((again.volume, again.offset, again.size), (first.volume, first.offset, first.size));
         // The held reader still leads its flight. A GET now looks up the same slot, offset and
         // 7-bit tag, but another generation: it must not join that read.
@@ -228,19 +236,22 @@ fn a_promotion_compares_the_whole_generation() {
 fn a_delete_whose_key_is_written_between_its_read_and_the_lock_reads_again() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(config(dir.path())).unwrap();
-    store.put(b"reread-k", b"v0").unwrap();
+    store.put(b"reread-k", b"v0", &PutOptions::default()).unwrap();
     std::thread::scope(|s| {
         let mut looked = pause::arm("write.looked", b"reread-k");
-        let delete = s.spawn(|| store.delete(b"reread-k"));
+        let delete = s.spawn(|| store.delete(b"reread-k", &DeleteOptions::default()));
         for round in 1..=3 {
             assert!(looked.wait_arrived(ARRIVAL), "round {round}: the DELETE never read the key");
             let next = pause::arm("write.looked", b"reread-k");
-            store.put(b"reread-k", format!("v{round}").as_bytes()).unwrap();
+            store.put(b"reread-k", format!("v{round}").as_bytes(), &PutOptions::default()).unwrap();
             looked.release();
             looked = next;
         }
         drop(looked); // the last round reads under the lock: nothing may hold it now
         assert!(delete.join().unwrap().unwrap(), "the key had a value");
     });
-    assert!(store.get(b"reread-k").unwrap().is_none(), "the DELETE answered 200 and left a newer value");
+    assert!(
+        store.get(b"reread-k", &ReadOptions::default()).unwrap().is_none(),
+        "the DELETE answered 200 and left a newer value"
+    );
 }

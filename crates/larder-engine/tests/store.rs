@@ -1,7 +1,7 @@
 //! The engine used directly, as an embedding program would: reopen paths (hint files, scans,
 //! damaged hints), stale entries after the ring reuses a slot, and group commit.
 
-use larder_engine::{FsyncPolicy, Store, StoreConfig};
+use larder_engine::{DeleteOptions, FsyncPolicy, PutOptions, ReadOptions, Store, StoreConfig};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -15,16 +15,16 @@ fn value(i: u64) -> Vec<u8> {
 
 fn fill(store: &Store, n: u64) {
     for i in 0..n {
-        store.put(format!("key/{i}").as_bytes(), &value(i)).unwrap();
+        store.put(format!("key/{i}").as_bytes(), &value(i), &PutOptions::default()).unwrap();
     }
     for i in (0..n).step_by(5) {
-        assert!(store.delete(format!("key/{i}").as_bytes()).unwrap());
+        assert!(store.delete(format!("key/{i}").as_bytes(), &DeleteOptions::default()).unwrap());
     }
 }
 
 fn check(store: &Store, n: u64) {
     for i in 0..n {
-        let got = store.get(format!("key/{i}").as_bytes()).unwrap();
+        let got = store.get(format!("key/{i}").as_bytes(), &ReadOptions::default()).unwrap();
         if i % 5 == 0 {
             assert!(got.is_none(), "deleted key/{i} is back");
         } else {
@@ -104,9 +104,9 @@ fn a_checkpoint_covers_its_prefix_and_the_tail_after_it_is_scanned() {
         let store = Store::open(cfg).unwrap();
         assert_eq!(store.stats().recovery.checkpoint_loads, 1);
         for i in 100..140 {
-            store.put(format!("key/{i}").as_bytes(), &value(i)).unwrap();
+            store.put(format!("key/{i}").as_bytes(), &value(i), &PutOptions::default()).unwrap();
         }
-        assert!(store.delete(b"key/1").unwrap());
+        assert!(store.delete(b"key/1", &DeleteOptions::default()).unwrap());
         // The files as a kill -9 would leave them: written, the checkpoint not rewritten.
         for e in std::fs::read_dir(dir.path()).unwrap().flatten() {
             if e.file_name() != "LOCK" {
@@ -118,9 +118,9 @@ fn a_checkpoint_covers_its_prefix_and_the_tail_after_it_is_scanned() {
     let r = store.stats().recovery;
     assert_eq!((r.checkpoint_loads, r.scans), (1, 0), "{r:?}");
     assert!(r.tail_bytes_scanned > 0, "{r:?}");
-    assert!(store.get(b"key/1").unwrap().is_none(), "a delete after the checkpoint holds");
+    assert!(store.get(b"key/1", &ReadOptions::default()).unwrap().is_none(), "a delete after the checkpoint holds");
     for i in 2..140u64 {
-        let got = store.get(format!("key/{i}").as_bytes()).unwrap();
+        let got = store.get(format!("key/{i}").as_bytes(), &ReadOptions::default()).unwrap();
         if i < 100 && i % 5 == 0 {
             assert!(got.is_none(), "deleted key/{i} is back");
         } else {
@@ -133,18 +133,18 @@ fn a_checkpoint_covers_its_prefix_and_the_tail_after_it_is_scanned() {
 fn entries_of_a_reused_slot_are_misses_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(config(dir.path(), 16 << 10, 2)).unwrap();
-    store.put(b"first", b"in slot 0").unwrap();
+    store.put(b"first", b"in slot 0", &PutOptions::default()).unwrap();
     let big = vec![1u8; 9 << 10];
-    store.put(b"fill-1", &big).unwrap(); // still slot 0
-    store.put(b"fill-2", &big).unwrap(); // slot 1
+    store.put(b"fill-1", &big, &PutOptions::default()).unwrap(); // still slot 0
+    store.put(b"fill-2", &big, &PutOptions::default()).unwrap(); // slot 1
     assert_eq!(store.stats().active_volume, 1);
-    store.put(b"fill-3", &big).unwrap(); // slot 0 again: "first" and fill-1 are gone
+    store.put(b"fill-3", &big, &PutOptions::default()).unwrap(); // slot 0 again: "first" and fill-1 are gone
     assert_eq!(store.stats().active_volume, 0);
-    assert!(store.get(b"first").unwrap().is_none());
-    assert!(store.get(b"fill-1").unwrap().is_none());
-    assert!(!store.delete(b"first").unwrap());
-    assert_eq!(store.get(b"fill-3").unwrap().unwrap().data.len(), big.len());
-    assert_eq!(store.get(b"fill-2").unwrap().unwrap().data.len(), big.len());
+    assert!(store.get(b"first", &ReadOptions::default()).unwrap().is_none());
+    assert!(store.get(b"fill-1", &ReadOptions::default()).unwrap().is_none());
+    assert!(!store.delete(b"first", &DeleteOptions::default()).unwrap());
+    assert_eq!(store.get(b"fill-3", &ReadOptions::default()).unwrap().unwrap().data.len(), big.len());
+    assert_eq!(store.get(b"fill-2", &ReadOptions::default()).unwrap().unwrap().data.len(), big.len());
 }
 
 #[test]
@@ -165,7 +165,7 @@ fn group_commit_acknowledges_every_concurrent_writer() {
             let store = store.clone();
             std::thread::spawn(move || {
                 for i in 0..100 {
-                    store.put(format!("t{t}/{i}").as_bytes(), &value(t * 1000 + i)).unwrap();
+                    store.put(format!("t{t}/{i}").as_bytes(), &value(t * 1000 + i), &PutOptions::default()).unwrap();
                 }
             })
         })
@@ -178,7 +178,7 @@ fn group_commit_acknowledges_every_concurrent_writer() {
     let store = Store::open(cfg).unwrap();
     for t in 0..8u64 {
         for i in 0..100 {
-            let got = store.get(format!("t{t}/{i}").as_bytes()).unwrap().unwrap();
+            let got = store.get(format!("t{t}/{i}").as_bytes(), &ReadOptions::default()).unwrap().unwrap();
             assert_eq!(got.data.as_ref(), value(t * 1000 + i).as_slice());
         }
     }
@@ -188,9 +188,15 @@ fn group_commit_acknowledges_every_concurrent_writer() {
 fn invalid_keys_and_oversize_values_are_errors_not_writes() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(StoreConfig { max_value_size: 100, ..config(dir.path(), 1 << 20, 2) }).unwrap();
-    assert_eq!(store.put(b"", b"v").unwrap_err().kind(), larder_engine::ErrorKind::InvalidKey);
-    assert_eq!(store.put(&[b'k'; 1025], b"v").unwrap_err().kind(), larder_engine::ErrorKind::InvalidKey);
-    assert_eq!(store.put(b"k", &[0; 101]).unwrap_err().kind(), larder_engine::ErrorKind::TooLarge);
+    assert_eq!(store.put(b"", b"v", &PutOptions::default()).unwrap_err().kind(), larder_engine::ErrorKind::InvalidKey);
+    assert_eq!(
+        store.put(&[b'k'; 1025], b"v", &PutOptions::default()).unwrap_err().kind(),
+        larder_engine::ErrorKind::InvalidKey
+    );
+    assert_eq!(
+        store.put(b"k", &[0; 101], &PutOptions::default()).unwrap_err().kind(),
+        larder_engine::ErrorKind::TooLarge
+    );
     assert_eq!(store.stats().keys, 0);
     assert_eq!(store.stats().bytes_used, 64, "only the volume header was written");
 }
@@ -208,12 +214,12 @@ fn a_lost_manifest_costs_nothing_even_over_two_restarts() {
         let store = Store::open(cfg.clone()).unwrap();
         check(&store, 300);
         // Writes made under the replacement manifest must survive the next restart too.
-        store.put(b"after", b"manifest loss").unwrap();
+        store.put(b"after", b"manifest loss", &PutOptions::default()).unwrap();
     }
     let store = Store::open(cfg).unwrap();
     assert_eq!(store.stats().recovery.discarded, 0);
     check(&store, 300);
-    assert_eq!(store.get(b"after").unwrap().unwrap().data.as_ref(), b"manifest loss");
+    assert_eq!(store.get(b"after", &ReadOptions::default()).unwrap().unwrap().data.as_ref(), b"manifest loss");
 }
 
 /// Discarding a volume that is not the oldest would let older values of its keys come back;
@@ -225,20 +231,24 @@ fn a_discarded_volume_takes_the_older_ones_with_it() {
     let cfg = config(dir.path(), 64 << 10, 8);
     {
         let store = Store::open(cfg.clone()).unwrap();
-        store.put(b"k", b"v1").unwrap(); // slot 0
+        store.put(b"k", b"v1", &PutOptions::default()).unwrap(); // slot 0
         for i in 0..6 {
-            store.put(format!("fill{i}").as_bytes(), &big).unwrap(); // slots 0, 1, …, 5
+            store.put(format!("fill{i}").as_bytes(), &big, &PutOptions::default()).unwrap();
+            // slots 0, 1, …, 5
         }
         assert_eq!(store.stats().active_volume, 5);
-        store.put(b"k", b"v2").unwrap(); // slot 5
-        store.put(b"gone", b"x").unwrap();
-        store.delete(b"gone").unwrap(); // tombstone in slot 5
-        store.put(b"newest", b"n").unwrap();
+        store.put(b"k", b"v2", &PutOptions::default()).unwrap(); // slot 5
+        store.put(b"gone", b"x", &PutOptions::default()).unwrap();
+        store.delete(b"gone", &DeleteOptions::default()).unwrap(); // tombstone in slot 5
+        store.put(b"newest", b"n", &PutOptions::default()).unwrap();
     }
     // Fewer slots: slot 5 (holding v2 and the tombstone) leaves the ring.
     let store = Store::open(config(dir.path(), 64 << 10, 4)).unwrap();
-    assert!(store.get(b"k").unwrap().is_none(), "v1 came back after its overwrite was discarded");
-    assert!(store.get(b"gone").unwrap().is_none());
+    assert!(
+        store.get(b"k", &ReadOptions::default()).unwrap().is_none(),
+        "v1 came back after its overwrite was discarded"
+    );
+    assert!(store.get(b"gone", &ReadOptions::default()).unwrap().is_none());
     assert!(store.stats().recovery.discarded >= 4);
     assert!(store.stats().volumes <= 4);
     drop(store);
@@ -248,12 +258,12 @@ fn a_discarded_volume_takes_the_older_ones_with_it() {
     let cfg = config(dir.path(), 64 << 10, 8);
     {
         let store = Store::open(cfg.clone()).unwrap();
-        store.put(b"k", b"v1").unwrap(); // slot 0
-        store.put(b"fill0", &big).unwrap();
-        store.put(b"fill1", &big).unwrap(); // slot 1
-        store.put(b"k", b"v2").unwrap(); // slot 1
-        store.put(b"fill2", &big).unwrap(); // slot 2
-        store.put(b"later", b"kept").unwrap(); // slot 2
+        store.put(b"k", b"v1", &PutOptions::default()).unwrap(); // slot 0
+        store.put(b"fill0", &big, &PutOptions::default()).unwrap();
+        store.put(b"fill1", &big, &PutOptions::default()).unwrap(); // slot 1
+        store.put(b"k", b"v2", &PutOptions::default()).unwrap(); // slot 1
+        store.put(b"fill2", &big, &PutOptions::default()).unwrap(); // slot 2
+        store.put(b"later", b"kept", &PutOptions::default()).unwrap(); // slot 2
         assert_eq!(store.stats().active_volume, 2);
     }
     let vol1 = dir.path().join("vol-00001.lrv");
@@ -261,8 +271,11 @@ fn a_discarded_volume_takes_the_older_ones_with_it() {
     bytes[30] ^= 0xff; // inside the volume header
     std::fs::write(&vol1, bytes).unwrap();
     let store = Store::open(cfg).unwrap();
-    assert!(store.get(b"k").unwrap().is_none(), "v1 came back after its overwrite was discarded");
-    assert_eq!(store.get(b"later").unwrap().unwrap().data.as_ref(), b"kept");
+    assert!(
+        store.get(b"k", &ReadOptions::default()).unwrap().is_none(),
+        "v1 came back after its overwrite was discarded"
+    );
+    assert_eq!(store.get(b"later", &ReadOptions::default()).unwrap().unwrap().data.as_ref(), b"kept");
     assert_eq!(store.stats().recovery.discarded, 2);
 }
 
@@ -279,12 +292,12 @@ fn large_hints_applied_in_parallel_keep_each_keys_order() {
         let store = Store::open(cfg.clone()).unwrap();
         for i in 0..n {
             let key = format!("p/{i}");
-            store.put(key.as_bytes(), &val(i, 0)).unwrap();
+            store.put(key.as_bytes(), &val(i, 0), &PutOptions::default()).unwrap();
             if i % 5 == 0 {
-                store.put(key.as_bytes(), &val(i, 1)).unwrap();
+                store.put(key.as_bytes(), &val(i, 1), &PutOptions::default()).unwrap();
             }
             if i % 7 == 1 {
-                store.delete(key.as_bytes()).unwrap();
+                store.delete(key.as_bytes(), &DeleteOptions::default()).unwrap();
             }
         }
         assert!(store.stats().rotations >= 1, "a sealed volume with its hint");
@@ -294,7 +307,7 @@ fn large_hints_applied_in_parallel_keep_each_keys_order() {
     assert_eq!((r.scans, r.checkpoint_loads), (0, 1), "{r:?}");
     assert!(r.hint_loads >= 1 && r.records > n, "{r:?}");
     for i in 0..n {
-        let got = store.get(format!("p/{i}").as_bytes()).unwrap().map(|v| v.data.to_vec());
+        let got = store.get(format!("p/{i}").as_bytes(), &ReadOptions::default()).unwrap().map(|v| v.data.to_vec());
         let want = match (i % 7 == 1, i % 5 == 0) {
             (true, _) => None,
             (false, true) => Some(val(i, 1).to_vec()),
@@ -315,7 +328,7 @@ fn a_checkpoint_does_not_outlive_the_generation_it_describes() {
     let first = {
         let store = Store::open(cfg.clone()).unwrap();
         for i in 0..30u64 {
-            store.put(format!("a/{i}").as_bytes(), &value(i)).unwrap();
+            store.put(format!("a/{i}").as_bytes(), &value(i), &PutOptions::default()).unwrap();
         }
         store.stats().active_volume
     };
@@ -328,7 +341,7 @@ fn a_checkpoint_does_not_outlive_the_generation_it_describes() {
         // Around the ring and back into the checkpoint's slot (3 slots: 4 turns).
         while store.stats().rotations < 4 {
             let key = format!("b/{}", i % 50);
-            store.put(key.as_bytes(), &value(i + 1000)).unwrap();
+            store.put(key.as_bytes(), &value(i + 1000), &PutOptions::default()).unwrap();
             latest.insert(key, i + 1000);
             i += 1;
         }
@@ -338,13 +351,13 @@ fn a_checkpoint_does_not_outlive_the_generation_it_describes() {
             }
         }
         store.close().unwrap();
-        let e = store.put(b"late", b"x").unwrap_err();
+        let e = store.put(b"late", b"x", &PutOptions::default()).unwrap_err();
         assert!(e.to_string().contains("closed"), "{e}");
     }
     let store = Store::open(config(crashed.path(), 64 << 10, 3)).unwrap();
     let mut present = 0;
     for (key, &v) in &latest {
-        if let Some(got) = store.get(key.as_bytes()).unwrap() {
+        if let Some(got) = store.get(key.as_bytes(), &ReadOptions::default()).unwrap() {
             assert_eq!(got.data.as_ref(), value(v).as_slice(), "{key} is not its newest value");
             present += 1;
         }

@@ -13,7 +13,9 @@ use hyper::header::{
     IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED,
 };
 use hyper::{Request, Response, StatusCode};
-use larder_engine::{meta, now_ms, ErrorKind, Part, Precondition, PutOptions, Store, Tier, Value};
+use larder_engine::{
+    now_ms, DeleteOptions, ErrorKind, Part, Precondition, PutOptions, ReadOptions, Store, Tier, Value, MAX_CONTENT_TYPE,
+};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -39,6 +41,8 @@ fn engine_error(e: &larder_engine::Error, op: Op) -> Resp {
         }
         (ErrorKind::Io | ErrorKind::Corrupt, Op::Read) => StatusCode::SERVICE_UNAVAILABLE,
         (ErrorKind::Io | ErrorKind::Corrupt | ErrorKind::Locked, _) => StatusCode::INTERNAL_SERVER_ERROR,
+        // The handlers retry a would-block call on the blocking pool; it never reaches here.
+        (ErrorKind::WouldBlock, _) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     if status.is_server_error() {
         tracing::error!(error = %e, "request failed");
@@ -56,12 +60,12 @@ fn position_value(p: larder_engine::Position) -> HeaderValue {
 /// would wait for the device (or for another request's read of the same key, which it then
 /// shares) runs on the blocking pool, so a cold disk never stalls the async workers.
 async fn read(app: &Arc<App>, store: &Store, key: &[u8], part: Part) -> larder_engine::Result<Option<Value>> {
-    match store.try_get_part(key, part)? {
-        Some(found) => Ok(found),
-        None => {
+    match store.get(key, &ReadOptions { part, nonblocking: true }) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {
             let key = key.to_vec();
-            blocking(app, move |store| store.get_part(&key, part)).await
+            blocking(app, move |store| store.get(&key, &ReadOptions { part, nonblocking: false })).await
         }
+        found => found,
     }
 }
 
@@ -226,8 +230,8 @@ impl PutHeaders {
     fn parse(h: &HeaderMap, settings: &Settings) -> Result<PutHeaders, String> {
         let ttl = headers::ttl(h, settings.default_ttl)?;
         let content_type = match h.get(CONTENT_TYPE) {
-            Some(t) if t.len() > meta::MAX_CONTENT_TYPE => {
-                return Err(format!("Content-Type longer than {} bytes\n", meta::MAX_CONTENT_TYPE));
+            Some(t) if t.len() > MAX_CONTENT_TYPE => {
+                return Err(format!("Content-Type longer than {} bytes\n", MAX_CONTENT_TYPE));
             }
             // The default is what GET answers for a value stored without a type (or an empty one).
             Some(t) if !t.is_empty() && t.as_bytes() != DEFAULT_CONTENT_TYPE.as_bytes() => {
@@ -239,7 +243,12 @@ impl PutHeaders {
     }
 
     fn options(&self) -> PutOptions<'_> {
-        PutOptions { ttl: self.ttl, content_type: self.content_type.as_deref(), preconditions: &self.preconditions }
+        PutOptions {
+            ttl: self.ttl,
+            content_type: self.content_type.as_deref(),
+            preconditions: &self.preconditions,
+            nonblocking: false,
+        }
     }
 }
 
@@ -287,10 +296,11 @@ pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Opt
     };
     app.metrics.bytes_in.fetch_add(body.len() as u64, Ordering::Relaxed);
     let store = app.store.get().expect("store is ready before writes are routed");
-    let result = match store.try_put_with(&key, &body, &extra.options()) {
-        Ok(Some(stored)) => Ok(stored),
-        Ok(None) => blocking(app, move |store| store.put_with(&key, &body, &extra.options())).await,
-        Err(e) => Err(e),
+    let result = match store.put(&key, &body, &PutOptions { nonblocking: true, ..extra.options() }) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+            blocking(app, move |store| store.put(&key, &body, &extra.options())).await
+        }
+        done => done,
     };
     // The body is written (or its write failed) and about to be freed: its room goes back.
     drop(room);
@@ -308,11 +318,20 @@ pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Opt
 /// DELETE, with its preconditions (read from the headers by the caller).
 pub async fn delete(app: &Arc<App>, key: Vec<u8>, preconditions: Vec<Precondition>) -> Resp {
     let store = app.store.get().expect("store is ready before writes are routed");
-    let quick = if preconditions.is_empty() { store.try_delete(&key) } else { Ok(None) };
+    // A delete with preconditions goes to the blocking pool at once: it reads the record.
+    let quick = if preconditions.is_empty() {
+        store.delete(&key, &DeleteOptions { nonblocking: true, ..DeleteOptions::default() })
+    } else {
+        Err(larder_engine::Error::new(ErrorKind::WouldBlock, "a conditional delete reads"))
+    };
     let result = match quick {
-        Ok(Some(found)) => Ok(found),
-        Ok(None) => blocking(app, move |store| store.delete_if(&key, &preconditions)).await,
-        Err(e) => Err(e),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+            blocking(app, move |store| {
+                store.delete(&key, &DeleteOptions { preconditions: &preconditions, nonblocking: false })
+            })
+            .await
+        }
+        done => done,
     };
     match result {
         Ok(true) => text(StatusCode::OK, "deleted\n"),

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 
 /// Longest key in bytes after decoding.
-pub const MAX_KEY_LEN: usize = larder_engine::record::MAX_KEY_LEN;
+pub const MAX_KEY_LEN: usize = larder_engine::MAX_KEY_LEN;
 /// Keys under this prefix are the server's own endpoints.
 pub const RESERVED_PREFIX: &[u8] = b"_larder/";
 

@@ -7,7 +7,7 @@
 //! volume and the volume is at least that long (records appended after a checkpoint are
 //! scanned), and scans the whole volume otherwise.
 
-use crate::volume::VolumeHeader;
+use crate::format::volume::VolumeHeader;
 
 /// Hint file format version written by this build. Version 1 (read too) lacks the newest
 /// store time of the volume's records.

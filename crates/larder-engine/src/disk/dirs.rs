@@ -11,56 +11,25 @@
 //! round-robin, so that two directories on one filesystem alternate and a directory added
 //! empty takes new volumes until it has caught up. Nothing is ever moved to rebalance.
 
-use crate::manifest::{self, Manifest};
-use crate::volume::{slot_of_file_name, VolumeHeader, VOLUME_HEADER_LEN};
+use crate::format::dir_id::{DirId, ID_FILE};
+use crate::format::manifest::{self, Manifest};
+use crate::format::volume::{slot_of_file_name, VolumeHeader, VOLUME_HEADER_LEN};
 use crate::{io, Error, ErrorKind, Result};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Name of the id file in each data directory.
-pub const ID_FILE: &str = "DIR-ID";
-const ID_MAGIC: &[u8; 8] = b"LARDDIRI";
-const ID_VERSION: u32 = 1;
-const ID_LEN: usize = 64;
-
-/// The contents of a `DIR-ID` file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DirId {
-    /// The store the directory belongs to (the manifest's store id).
-    pub store_id: [u8; 16],
-    /// The directory's own id.
-    pub dir_id: [u8; 16],
+/// Reads the id file of `dir`: `None` when absent or damaged.
+pub(crate) fn load_dir_id(dir: &Path) -> Option<DirId> {
+    std::fs::read(dir.join(ID_FILE)).ok().and_then(|b| DirId::decode(&b))
 }
 
-impl DirId {
-    /// Encodes to the 64-byte on-disk form.
-    pub fn encode(&self) -> [u8; ID_LEN] {
-        let mut b = [0u8; ID_LEN];
-        b[0..8].copy_from_slice(ID_MAGIC);
-        b[8..12].copy_from_slice(&ID_VERSION.to_le_bytes());
-        b[16..32].copy_from_slice(&self.store_id);
-        b[32..48].copy_from_slice(&self.dir_id);
-        let crc = crc32c::crc32c(&b[..60]);
-        b[60..64].copy_from_slice(&crc.to_le_bytes());
-        b
-    }
-
-    /// Decodes and verifies; `None` for anything else.
-    pub fn decode(b: &[u8]) -> Option<DirId> {
-        if b.len() != ID_LEN || &b[0..8] != ID_MAGIC {
-            return None;
-        }
-        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
-        if u32_at(8) != ID_VERSION || crc32c::crc32c(&b[..60]) != u32_at(60) {
-            return None;
-        }
-        Some(DirId { store_id: b[16..32].try_into().unwrap(), dir_id: b[32..48].try_into().unwrap() })
-    }
-
-    /// Reads the id file of `dir`: `None` when absent or damaged.
-    pub fn load(dir: &Path) -> Option<DirId> {
-        std::fs::read(dir.join(ID_FILE)).ok().and_then(|b| DirId::decode(&b))
+/// Reads the manifest of `dir`: `Ok(None)` when there is none, `Err` when unreadable.
+pub(crate) fn load_manifest(dir: &Path) -> std::io::Result<Option<Option<Manifest>>> {
+    match std::fs::read(dir.join(manifest::FILE_NAME)) {
+        Ok(b) => Ok(Some(Manifest::decode(&b))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -134,9 +103,9 @@ pub(crate) fn newest_volume_dir_id(dir: &Path) -> Option<[u8; 16]> {
         if !entry.file_name().to_string_lossy().ends_with(".lrv") {
             continue;
         }
-        let Ok(f) = File::open(entry.path()) else { continue };
+        let Ok(f) = io::open(&entry.path(), io::Mode::Read) else { continue };
         let mut hb = [0u8; VOLUME_HEADER_LEN as usize];
-        let Ok(n) = io::read_at_most(&f, &mut hb, 0) else { continue };
+        let Ok(n) = f.read_at_most(&mut hb, 0) else { continue };
         if let Some(h) = VolumeHeader::decode(&hb[..n]) {
             if newest.is_none_or(|n| h.sequence > n.sequence) {
                 newest = Some(h);
@@ -176,11 +145,11 @@ pub(crate) fn open(paths: &[PathBuf], volume_size: u64, volume_count: u32, stric
         }
         canonical.push(canon);
         let manifest = if exists {
-            Manifest::load(p).map_err(|e| Error::io(format!("reading the manifest in {}", p.display()), e))?
+            load_manifest(p).map_err(|e| Error::io(format!("reading the manifest in {}", p.display()), e))?
         } else {
             None
         };
-        seen.push(Seen { path: p.clone(), exists, id: if exists { DirId::load(p) } else { None }, manifest });
+        seen.push(Seen { path: p.clone(), exists, id: if exists { load_dir_id(p) } else { None }, manifest });
     }
 
     // The newest sound copy of the manifest wins.
@@ -358,13 +327,13 @@ pub(crate) fn open(paths: &[PathBuf], volume_size: u64, volume_count: u32, stric
 pub(crate) fn save_manifest(manifest: &mut Manifest, dirs: &[DataDir]) -> Result<()> {
     // From the clock, so that of two copies written in different runs (each while the other's
     // directory was missing) the later wins, not the one saved more often.
-    manifest.epoch = (manifest.epoch + 1).max(crate::store::now_ms());
+    manifest.epoch = (manifest.epoch + 1).max(crate::clock::now_ms());
     // If every present directory has failed, try them anyway: they may have recovered.
     let any_usable = dirs.iter().any(|d| d.usable());
     let mut saved = false;
     let mut last = None;
     for d in dirs.iter().filter(|d| d.usable() || (!any_usable && d.present)) {
-        match manifest.save(&d.path) {
+        match io::write_atomic(&d.path.join(manifest::FILE_NAME), &manifest.encode()) {
             Ok(()) => saved = true,
             Err(e) => {
                 d.fail(&e);

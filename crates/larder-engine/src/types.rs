@@ -1,5 +1,8 @@
-//! What a read or a write asks for beyond the key: which part of a value to read, the
-//! version a write is conditional on, and a write's expiry and content type.
+//! The types of the public API: what a read returns (a value, where it lives, which tier
+//! answered) and what a read or a write asks for beyond the key (which part of a value, the
+//! version a write is conditional on, a write's expiry and content type).
+
+use bytes::Bytes;
 
 /// Identifies one stored value: equal versions have equal bytes (length, CRC32C and store
 /// time must all agree), so it can serve as a strong validator (an HTTP ETag). Storing the
@@ -57,17 +60,48 @@ pub fn unmet(preconditions: &[Precondition], current: Option<Version>) -> Option
     })
 }
 
-/// How to store a value; `Default` is a plain put.
+/// How to read a value; `Default` reads the whole value and may block.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadOptions {
+    /// Which bytes to return. Partial reads are not shared between threads and do not count
+    /// towards promotion to memory (memory holds whole values); a range read counts towards
+    /// reinsertion; `Part::Nothing` does not count as a hit or a miss.
+    pub part: Part,
+    /// Fail with `ErrorKind::WouldBlock` instead of waiting for the device (the record is not
+    /// in the page cache) or for another thread's read of the same record. An async caller
+    /// answers memory and page-cache hits inline and moves only the rest to a thread that
+    /// may block.
+    pub nonblocking: bool,
+}
+
+/// How to delete a value; `Default` is a plain delete that may block.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeleteOptions<'a> {
+    /// All must hold for the current value (checked atomically with the delete), or the
+    /// delete fails with `ErrorKind::PreconditionFailed`.
+    pub preconditions: &'a [Precondition],
+    /// Fail with `ErrorKind::WouldBlock`, having done nothing, where the delete would wait
+    /// (see [`PutOptions::nonblocking`]), a read of the key's record from the device included.
+    pub nonblocking: bool,
+}
+
+/// How to store a value; `Default` is a plain put that may block.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PutOptions<'a> {
     /// How long the value lives, counted from its store time; `None` = until evicted. An
     /// expired key reads as absent and is dropped when next read. `Some(ZERO)` stores a value
     /// that is expired at once (it still replaces the previous one).
     pub ttl: Option<std::time::Duration>,
-    /// Media type stored with the value (at most `meta::MAX_CONTENT_TYPE` bytes).
+    /// Media type stored with the value (at most `MAX_CONTENT_TYPE` bytes).
     pub content_type: Option<&'a [u8]>,
     /// All must hold, or the put fails with `ErrorKind::PreconditionFailed` and stores nothing.
     pub preconditions: &'a [Precondition],
+    /// Fail with `ErrorKind::WouldBlock`, having written nothing, where the put would wait:
+    /// for the writer lock, for a ring rotation (which truncates a volume) or for an
+    /// fdatasync (`FsyncPolicy::Always`); a put with preconditions also where the current
+    /// record is not in the page cache. An async caller runs the quick common case inline
+    /// and moves only the rest to a blocking thread.
+    pub nonblocking: bool,
 }
 
 /// A byte range of a value, as an HTTP `Range: bytes=` specifies it.
@@ -95,9 +129,10 @@ impl ByteRange {
 
 /// Which bytes of a value a read returns. Every part comes with the value's length,
 /// version and content type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Part {
     /// The whole value.
+    #[default]
     Whole,
     /// A range of it: only the blocks that hold the range are read from disk (and verified).
     /// An unsatisfiable range returns no bytes.
@@ -105,6 +140,78 @@ pub enum Part {
     /// No bytes: length, version and content type only (HEAD, revalidation). Reads just the
     /// front of a large record.
     Nothing,
+}
+
+/// Which tier answered a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// The memory tier.
+    Memory,
+    /// A volume file.
+    Disk,
+}
+
+/// Where a record lives on disk, as reported in `X-Position`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// Volume slot (0-based).
+    pub volume: u32,
+    /// Byte offset of the record's start in the volume file.
+    pub offset: u64,
+    /// Length of the record on disk in bytes (header, key, metadata and value).
+    pub size: u64,
+}
+
+/// What a put stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stored {
+    /// Where the record was written.
+    pub position: Position,
+    /// The new value's version.
+    pub version: Version,
+}
+
+/// A value read from the store.
+#[derive(Debug, Clone)]
+pub struct Value {
+    /// The bytes asked for: the whole value, a range of it (starting at `start`), or none.
+    pub data: Bytes,
+    /// Offset of `data` in the value.
+    pub start: u64,
+    /// Length of the whole value in bytes.
+    pub len: u64,
+    /// CRC32C of the whole value.
+    pub crc: u32,
+    /// The content type stored with the value, if any.
+    pub content_type: Option<Bytes>,
+    /// Where its record lives.
+    pub position: Position,
+    /// When it was stored, ms since the Unix epoch.
+    pub stored_ms: u64,
+    /// When it expires, ms since the Unix epoch; 0 = never.
+    pub expiry_ms: u64,
+    /// Which tier answered. For a memory hit, `position` is where the value was read from
+    /// when it was promoted (reinsertion may have moved the record since).
+    pub tier: Tier,
+}
+
+impl Value {
+    /// The stored value's version, a strong validator.
+    pub fn version(&self) -> Version {
+        Version { len: self.len, crc: self.crc, stored_ms: self.stored_ms }
+    }
+
+    /// Narrows `data`, the whole value, to `part`.
+    pub(crate) fn narrow(mut self, part: Part) -> Value {
+        let (start, end) = match part {
+            Part::Whole => (0, self.len),
+            Part::Nothing => (0, 0),
+            Part::Range(r) => r.resolve(self.len).unwrap_or((0, 0)),
+        };
+        self.data = self.data.slice(start as usize..end as usize);
+        self.start = start;
+        self
+    }
 }
 
 #[cfg(test)]

@@ -19,85 +19,15 @@
 //! the ring evicting a volume, a damaged record, reinsertion copying a record, a colliding
 //! key taking an index slot. What memory holds then is still the key's newest write.)
 
-use crate::store::Position;
+pub(crate) mod flight;
+
+use crate::config::{Eviction, MemoryConfig};
+use crate::types::Position;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
-
-/// Eviction policy of the memory tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Eviction {
-    /// quick_cache's CLOCK-Pro-like policy (the default).
-    Clock,
-    /// foyer's SIEVE.
-    Sieve,
-    /// foyer's S3-FIFO.
-    S3Fifo,
-    /// foyer's w-TinyLFU.
-    Lfu,
-    /// foyer's LRU.
-    Lru,
-    /// foyer's FIFO.
-    Fifo,
-}
-
-impl Eviction {
-    /// Every policy, with the name the command line uses.
-    pub const ALL: [(Eviction, &'static str); 6] = [
-        (Eviction::Clock, "clock"),
-        (Eviction::Sieve, "sieve"),
-        (Eviction::S3Fifo, "s3fifo"),
-        (Eviction::Lfu, "lfu"),
-        (Eviction::Lru, "lru"),
-        (Eviction::Fifo, "fifo"),
-    ];
-
-    /// The command-line name.
-    pub fn name(self) -> &'static str {
-        Self::ALL.iter().find(|(e, _)| *e == self).map_or("?", |(_, n)| n)
-    }
-}
-
-impl std::str::FromStr for Eviction {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Eviction, String> {
-        let t = s.trim().to_ascii_lowercase();
-        Self::ALL.iter().find(|(_, n)| *n == t).map(|(e, _)| *e).ok_or_else(|| {
-            let names: Vec<_> = Self::ALL.iter().map(|(_, n)| *n).collect();
-            format!("unknown eviction policy {s:?}: use one of {}", names.join(", "))
-        })
-    }
-}
-
-/// How the memory tier behaves.
-#[derive(Debug, Clone)]
-pub struct MemoryConfig {
-    /// Bytes of values (and keys, and a per-entry overhead) held; 0 turns the tier off.
-    pub capacity: u64,
-    /// Eviction policy.
-    pub eviction: Eviction,
-    /// A value read from disk enters memory on its Nth disk read within `promote_window`;
-    /// 0 and 1 both mean on the first.
-    pub promote_after: u32,
-    /// The window the reads are counted in.
-    pub promote_window: Duration,
-    /// Whether PUT also stores the value in memory (otherwise it only invalidates).
-    pub on_put: bool,
-}
-
-impl Default for MemoryConfig {
-    fn default() -> Self {
-        MemoryConfig {
-            capacity: 256 << 20,
-            eviction: Eviction::Clock,
-            promote_after: 2,
-            promote_window: Duration::from_secs(60),
-            on_put: false,
-        }
-    }
-}
 
 /// What memory keeps of a value.
 #[derive(Clone)]
@@ -245,6 +175,11 @@ impl Memory {
     }
 
     /// (bytes charged, entries, capacity, keys tracked by admission)
+    /// Drops `key`: the disk engine dropped it (the rule's `None` offer).
+    pub fn forget(&self, hash: u64, key: &[u8]) {
+        self.reconcile(hash, key, None, || false);
+    }
+
     pub fn usage(&self) -> (u64, u64, u64, u64) {
         let (bytes, entries) = match &self.backend {
             Backend::Clock(c) => (c.weight(), c.len() as u64),

@@ -97,7 +97,7 @@ pub fn checksum(value: &[u8]) -> (u32, Option<(u8, Vec<u32>)>) {
     let whole = value
         .chunks(1 << shift)
         .zip(&crcs)
-        .fold(0, |acc, (chunk, &c)| crate::record::crc32c_combine(acc, c, chunk.len() as u64));
+        .fold(0, |acc, (chunk, &c)| crate::format::record::crc32c_combine(acc, c, chunk.len() as u64));
     (whole, Some((shift, crcs)))
 }
 
@@ -131,7 +131,7 @@ mod tests {
         assert_eq!(whole, crc32c::crc32c(&value));
         let mut block = vec![9, 2, 0, 0xaa, 0xbb]; // a tag from the future
         encode(&mut block, Some(b"image/png"), blocks.as_ref());
-        assert!(block.len() <= crate::record::MAX_META_LEN);
+        assert!(block.len() <= crate::format::record::MAX_META_LEN);
         let m = Meta::parse(&block);
         assert_eq!(m.content_type, Some(&b"image/png"[..]));
         let b = m.blocks(value.len() as u64).expect("blocks cover the value");
@@ -150,7 +150,7 @@ mod tests {
             assert!(len.div_ceil(1 << shift) <= MAX_BLOCKS, "{len}");
         }
         // The largest metadata block fits the record format's limit.
-        assert!(3 + MAX_CONTENT_TYPE + 4 + 4 * MAX_BLOCKS as usize <= crate::record::MAX_META_LEN);
+        assert!(3 + MAX_CONTENT_TYPE + 4 + 4 * MAX_BLOCKS as usize <= crate::format::record::MAX_META_LEN);
     }
 
     #[test]

@@ -8,29 +8,33 @@
 //! readers that joined it, which all started before the write). Flights are found by the key's
 //! hash and confirmed by the full key, so two keys sharing a hash never share bytes.
 
-use crate::store::{Seen, Value};
 use crate::{Error, ErrorKind};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// What a disk read found: the value and the record it was read from.
-pub(crate) type Found = Option<(Value, Seen)>;
-type Outcome = std::result::Result<Found, (ErrorKind, String)>;
+/// What identifies the read a flight makes (the record, for the store): readers join only a
+/// flight of the same one.
+pub(crate) trait Target: Copy + Send + Sync {
+    fn same(self, other: Self) -> bool;
+}
 
-pub(crate) struct Flight {
+type Outcome<T> = std::result::Result<T, (ErrorKind, String)>;
+
+/// One read in the air, of `target` for `key`, whose outcome (a `T`) its followers share.
+pub(crate) struct Flight<R, T> {
     key: Box<[u8]>,
     /// The record being read.
-    seen: Seen,
+    seen: R,
     followers: AtomicU32,
-    outcome: Mutex<Option<Outcome>>,
+    outcome: Mutex<Option<Outcome<T>>>,
     done: Condvar,
 }
 
-impl Flight {
+impl<R, T: Clone> Flight<R, T> {
     /// Blocks until the leader has finished; returns its outcome.
-    pub fn wait(&self) -> crate::Result<Found> {
+    pub fn wait(&self) -> crate::Result<T> {
         let mut o = self.outcome.lock();
         while o.is_none() {
             self.done.wait(&mut o);
@@ -45,32 +49,33 @@ impl Flight {
 const SHARDS: usize = 64;
 
 /// The flights in the air.
-type Shard = Mutex<HashMap<u64, Arc<Flight>>>;
+type Shard<R, T> = Mutex<HashMap<u64, Arc<Flight<R, T>>>>;
 
-pub(crate) struct Flights {
-    shards: Box<[Shard]>,
+/// The flights in the air, by key hash.
+pub(crate) struct Flights<R, T> {
+    shards: Box<[Shard<R, T>]>,
     /// Flights registered and not yet finished: lets the common case skip the shard lock.
     active: AtomicUsize,
 }
 
 /// How a reader takes part.
-pub(crate) enum Join<'a> {
+pub(crate) enum Join<'a, R: Target, T: Clone> {
     /// Read, then hand the outcome to the followers.
-    Lead(Lead<'a>),
+    Lead(Lead<'a, R, T>),
     /// Wait for the leader's outcome.
-    Follow(Arc<Flight>),
+    Follow(Arc<Flight<R, T>>),
     /// Another key with the same hash is in the air: read alone.
     Alone,
 }
 
-impl Default for Flights {
-    fn default() -> Flights {
+impl<R, T> Default for Flights<R, T> {
+    fn default() -> Self {
         Flights { shards: (0..SHARDS).map(|_| Mutex::default()).collect(), active: AtomicUsize::new(0) }
     }
 }
 
-impl Flights {
-    fn shard(&self, hash: u64) -> &Shard {
+impl<R: Target, T: Clone> Flights<R, T> {
+    fn shard(&self, hash: u64) -> &Shard<R, T> {
         &self.shards[(hash % SHARDS as u64) as usize]
     }
 
@@ -81,13 +86,13 @@ impl Flights {
 
     /// Joins the read of the record `seen` (which the index named for `key`: its location and
     /// the slot's whole generation), or leads one.
-    pub fn join(&self, hash: u64, key: &[u8], seen: Seen) -> Join<'_> {
+    pub fn join(&self, hash: u64, key: &[u8], seen: R) -> Join<'_, R, T> {
         let mut m = self.shard(hash).lock();
         if let Some(f) = m.get(&hash) {
             if &*f.key != key {
                 return Join::Alone;
             }
-            if f.seen.loc.same_place(seen.loc) && f.seen.generation == seen.generation {
+            if f.seen.same(seen) {
                 f.followers.fetch_add(1, Ordering::Relaxed);
                 return Join::Follow(f.clone());
             }
@@ -110,20 +115,20 @@ impl Flights {
 }
 
 /// The leader's duty: publish an outcome exactly once, even if the read panics.
-pub(crate) struct Lead<'a> {
-    flights: &'a Flights,
+pub(crate) struct Lead<'a, R: Target, T: Clone> {
+    flights: &'a Flights<R, T>,
     hash: u64,
-    flight: Arc<Flight>,
+    flight: Arc<Flight<R, T>>,
     finished: bool,
 }
 
-impl Lead<'_> {
+impl<R: Target, T: Clone> Lead<'_, R, T> {
     /// Readers waiting on this flight so far.
     pub fn followers(&self) -> u32 {
         self.flight.followers.load(Ordering::Relaxed)
     }
 
-    pub fn finish(mut self, outcome: &crate::Result<Found>) {
+    pub fn finish(mut self, outcome: &crate::Result<T>) {
         let o = match outcome {
             Ok(found) => Ok(found.clone()),
             Err(e) => Err((e.kind(), e.to_string())),
@@ -131,7 +136,7 @@ impl Lead<'_> {
         self.publish(o);
     }
 
-    fn publish(&mut self, o: Outcome) {
+    fn publish(&mut self, o: Outcome<T>) {
         self.finished = true;
         // Unregister first (unless a newer flight of the key took the place): a reader
         // arriving now reads for itself rather than waiting on a flight that has landed.
@@ -147,7 +152,7 @@ impl Lead<'_> {
     }
 }
 
-impl Drop for Lead<'_> {
+impl<R: Target, T: Clone> Drop for Lead<'_, R, T> {
     fn drop(&mut self) {
         if !self.finished {
             self.publish(Err((ErrorKind::Io, "the read this request was waiting on failed".into())));

@@ -1,11 +1,11 @@
 //! Fault injection for tests: make chosen I/O operations under a data directory fail, and
 //! simulate a power cut by undoing every change that was not made durable.
 //!
-//! The hooks in [`crate::io`] exist only with the cargo feature `faults`, so a production
-//! build pays nothing; without it [`inject`] and [`track`] refuse. Test builds turn the
-//! feature on through dev-dependencies. A hooked operation looks up its file's path in
-//! `/proc/self/fd` (only while some directory is registered) and applies the first rule of
-//! that directory that matches.
+//! [`FaultyFile`], the I/O layer's second implementation of [`FileIo`], exists only with the
+//! cargo feature `faults`, so a production build pays nothing; without it [`inject`] and
+//! [`track`] refuse. Test builds turn the feature on through dev-dependencies. A file is tied
+//! to its directory's state once, when it is opened; each operation then applies the first
+//! rule of that directory that matches (a look at one atomic flag while it has none).
 //!
 //! Power-cut model (as redb's crash backend): a file's durable content is what it held when
 //! its last successful `fdatasync`/`fsync` started, or when tracking began. Every write and
@@ -18,8 +18,12 @@
 // Without the feature nothing calls the hooks; the registry stays so the API compiles.
 #![cfg_attr(not(feature = "faults"), allow(dead_code))]
 
+#[cfg(feature = "faults")]
+use super::FileIo;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
+#[cfg(feature = "faults")]
+use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -154,9 +158,25 @@ struct Dir {
     dead: bool,
 }
 
-/// Registered directories (canonical paths). Hooks look only while this is non-empty.
-static DIRS: Mutex<Vec<(PathBuf, Arc<Mutex<Dir>>)>> = Mutex::new(Vec::new());
-static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// A directory's state, shared by every file opened in it.
+#[derive(Default)]
+struct DirCell {
+    /// Whether it has rules, is tracked or is dead: otherwise operations pass untouched.
+    active: AtomicBool,
+    state: Mutex<Dir>,
+}
+
+impl DirCell {
+    fn update(&self, f: impl FnOnce(&mut Dir)) {
+        let mut d = self.state.lock();
+        f(&mut d);
+        self.active.store(!d.rules.is_empty() || d.tracking || d.dead, Ordering::Release);
+    }
+}
+
+/// Every directory a file was opened in or a rule was given for (canonical paths). Entries
+/// stay (cleared, not removed), so that files opened before a rule is injected see it.
+static DIRS: Mutex<Vec<(PathBuf, Arc<DirCell>)>> = Mutex::new(Vec::new());
 /// Held shared by every hooked operation across its system call and exclusively by a power
 /// cut, so no write slips in between the undo and the "death".
 static CUT: RwLock<()> = RwLock::new(());
@@ -165,19 +185,25 @@ fn unavailable() -> io::Error {
     io::Error::new(io::ErrorKind::Unsupported, "fault injection needs the `faults` cargo feature")
 }
 
-fn dir_state(dir: &Path, create: bool) -> io::Result<Option<Arc<Mutex<Dir>>>> {
-    let dir = dir.canonicalize()?;
+/// The state of `dir` (canonical), made on first use.
+fn cell(dir: &Path) -> Arc<DirCell> {
     let mut dirs = DIRS.lock();
-    if let Some((_, d)) = dirs.iter().find(|(p, _)| *p == dir) {
-        return Ok(Some(d.clone()));
+    if let Some((_, d)) = dirs.iter().find(|(p, _)| p == dir) {
+        return d.clone();
     }
-    if !create {
-        return Ok(None);
-    }
-    let d = Arc::new(Mutex::new(Dir::default()));
-    dirs.push((dir, d.clone()));
-    ACTIVE.store(true, Ordering::Release);
-    Ok(Some(d))
+    let d = Arc::new(DirCell::default());
+    dirs.push((dir.to_path_buf(), d.clone()));
+    d
+}
+
+/// The state of the registered directory holding `path` (or being it), if any.
+fn cell_holding(path: &Path) -> Option<Arc<DirCell>> {
+    let path = path.canonicalize().ok()?;
+    let dirs = DIRS.lock();
+    dirs.iter()
+        .filter(|(dir, _)| path.starts_with(dir))
+        .max_by_key(|(dir, _)| dir.as_os_str().len())
+        .map(|x| x.1.clone())
 }
 
 /// Adds a fault for files under `dir`.
@@ -185,16 +211,17 @@ pub fn inject(dir: &Path, rule: Rule) -> io::Result<()> {
     if !available() {
         return Err(unavailable());
     }
-    dir_state(dir, true)?.expect("created").lock().rules.push(rule);
+    cell(&dir.canonicalize()?).update(|d| d.rules.push(rule));
     Ok(())
 }
 
 /// Removes every fault and all tracking of `dir`, and revives it after a power cut.
 pub fn clear(dir: &Path) {
     let Ok(dir) = dir.canonicalize() else { return };
-    let mut dirs = DIRS.lock();
-    dirs.retain(|(p, _)| *p != dir);
-    ACTIVE.store(!dirs.is_empty(), Ordering::Release);
+    let found = DIRS.lock().iter().find(|(p, _)| *p == dir).map(|x| x.1.clone());
+    if let Some(c) = found {
+        c.update(|d| *d = Dir::default());
+    }
 }
 
 /// Starts logging changes to files under `dir`, for [`power_cut`]. Call it before the store
@@ -203,7 +230,7 @@ pub fn track(dir: &Path) -> io::Result<()> {
     if !available() {
         return Err(unavailable());
     }
-    dir_state(dir, true)?.expect("created").lock().tracking = true;
+    cell(&dir.canonicalize()?).update(|d| d.tracking = true);
     Ok(())
 }
 
@@ -212,9 +239,12 @@ pub fn track(dir: &Path) -> io::Result<()> {
 /// change it any more. Drop that store, clear, and reopen to see what recovery makes of it.
 pub fn power_cut(dir: &Path) -> io::Result<CutReport> {
     use std::os::unix::fs::FileExt;
-    let d = dir_state(dir, false)?.ok_or_else(|| io::Error::other("the directory is not tracked"))?;
+    let dir = dir.canonicalize()?;
+    let c = DIRS.lock().iter().find(|(p, _)| *p == dir).map(|x| x.1.clone());
+    let c = c.filter(|c| c.state.lock().tracking).ok_or_else(|| io::Error::other("the directory is not tracked"))?;
     let _cut = CUT.write();
-    let mut d = d.lock();
+    c.active.store(true, Ordering::Release);
+    let mut d = c.state.lock();
     d.dead = true;
     let mut report = CutReport::default();
     let mut first_error = None;
@@ -265,13 +295,13 @@ pub(crate) enum Verdict {
     Delay(std::time::Duration),
 }
 
-/// How far the store's clock is set off the real one, in ms (see [`skew_clock`]).
-static CLOCK_SKEW: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
-
 /// Sets the store's clock (`now_ms`) `ms` milliseconds off the real one, as a clock stepped
 /// forward or back would. Process-wide: a test that uses it should run in a process of its own.
 pub fn skew_clock(ms: i64) {
-    CLOCK_SKEW.store(ms, Ordering::Relaxed);
+    #[cfg(feature = "faults")]
+    crate::clock::set_skew(ms);
+    #[cfg(not(feature = "faults"))]
+    let _ = ms;
 }
 
 /// Operations held in an injected delay right now (see [`Failure::Delay`]): lets a test wait
@@ -290,41 +320,15 @@ pub(crate) fn hold(d: std::time::Duration) {
     DELAYED.fetch_sub(1, Ordering::AcqRel);
 }
 
-/// The skew set by [`skew_clock`].
-pub fn clock_skew() -> i64 {
-    CLOCK_SKEW.load(Ordering::Relaxed)
-}
-
-/// The registered directory holding `file`, and the file's path.
-fn lookup(file: &std::fs::File) -> Option<(Arc<Mutex<Dir>>, PathBuf)> {
-    use std::os::fd::AsRawFd;
-    let path = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()?;
-    let dirs = DIRS.lock();
-    let (_, d) = dirs.iter().find(|(dir, _)| path.starts_with(dir))?;
-    Some((d.clone(), path))
-}
-
-/// Reads what is there, unhooked (the hooks call it with their locks held).
-fn raw_read(file: &std::fs::File, buf: &mut [u8], offset: u64) {
-    use std::os::unix::fs::FileExt;
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => done += n,
-        }
-    }
-}
-
 fn errno(failure: Failure) -> io::Error {
-    io::Error::from_raw_os_error(if failure == Failure::Io { libc::EIO } else { libc::ENOSPC })
+    io::Error::from(if failure == Failure::Io { rustix::io::Errno::IO } else { rustix::io::Errno::NOSPC })
 }
 
 impl Dir {
     /// `nowait`: the operation is a non-blocking read.
     fn verdict(&mut self, path: &Path, op: Op, len: usize, nowait: bool) -> Verdict {
         if self.dead {
-            return Verdict::Fail(io::Error::from_raw_os_error(libc::EIO));
+            return Verdict::Fail(io::Error::from(rustix::io::Errno::IO));
         }
         let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
         for r in &mut self.rules {
@@ -356,7 +360,7 @@ pub(crate) struct Hook {
     pub verdict: Verdict,
     /// For a logged change: counted complete when dropped. For a sync: how many changes
     /// were complete when it started, made durable by [`Hook::synced`].
-    log: Option<(Arc<Mutex<Dir>>, PathBuf, Pending)>,
+    log: Option<(Arc<DirCell>, PathBuf, Pending)>,
     _cut: Option<parking_lot::RwLockReadGuard<'static, ()>>,
 }
 
@@ -389,7 +393,7 @@ impl Hook {
     /// The sync this hook guarded succeeded: the changes complete before it are durable.
     pub(crate) fn synced(mut self) {
         if let Some((d, path, Pending::Sync(n))) = self.log.take() {
-            let mut d = d.lock();
+            let mut d = d.state.lock();
             if let Some(log) = d.logs.get_mut(&path) {
                 log.undo.drain(..n.min(log.undo.len()));
                 log.completed = log.completed.saturating_sub(n);
@@ -402,46 +406,170 @@ impl Drop for Hook {
     fn drop(&mut self) {
         // Runs before the power-cut guard is released (fields drop after this).
         if let Some((d, path, Pending::Change)) = self.log.take() {
-            if let Some(log) = d.lock().logs.get_mut(&path) {
+            if let Some(log) = d.state.lock().logs.get_mut(&path) {
                 log.completed += 1;
             }
         }
     }
 }
 
-/// Before a read (`nowait`: a non-blocking one), sync, or directory sync of `file`.
-pub(crate) fn before(file: &std::fs::File, op: Op, nowait: bool) -> Hook {
-    if !ACTIVE.load(Ordering::Acquire) {
-        return PASS;
+/// A file whose operations go through its directory's rules and power-cut log.
+#[cfg(feature = "faults")]
+pub struct FaultyFile {
+    os: File,
+    dir: Arc<DirCell>,
+    /// Its path when opened (canonical directory): rules match its name, logs are kept by it.
+    path: PathBuf,
+}
+
+#[cfg(feature = "faults")]
+impl FaultyFile {
+    pub(crate) fn new(os: File, path: &Path) -> FaultyFile {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let parent = parent.canonicalize().unwrap_or_else(|_| parent.to_path_buf());
+        let path = parent.join(path.file_name().unwrap_or_default());
+        FaultyFile { os, dir: cell(&parent), path }
     }
-    let cut = CUT.read();
-    let Some((d, path)) = lookup(file) else { return PASS };
-    let mut dir = d.lock();
-    let verdict = dir.verdict(&path, op, 0, nowait);
-    // A sync makes durable only what had been written when it started.
-    let pending = match (op, &verdict) {
-        (Op::Sync, Verdict::Proceed) => dir.logs.get(&path).map(|l| Pending::Sync(l.completed)),
-        _ => None,
-    };
-    drop(dir);
-    Hook { verdict, log: pending.map(|p| (d, path, p)), _cut: Some(cut) }
+
+    /// Before a read (`nowait`: a non-blocking one) or a sync.
+    fn before(&self, op: Op, nowait: bool) -> Hook {
+        if !self.dir.active.load(Ordering::Acquire) {
+            return PASS;
+        }
+        let cut = CUT.read();
+        let mut dir = self.dir.state.lock();
+        let verdict = dir.verdict(&self.path, op, 0, nowait);
+        // A sync makes durable only what had been written when it started.
+        let pending = match (op, &verdict) {
+            (Op::Sync, Verdict::Proceed) => dir.logs.get(&self.path).map(|l| Pending::Sync(l.completed)),
+            _ => None,
+        };
+        drop(dir);
+        Hook { verdict, log: pending.map(|p| (self.dir.clone(), self.path.clone(), p)), _cut: Some(cut) }
+    }
+
+    /// Before writing `len` bytes at `offset` (`set_len` is `Some(new_len)` for a length
+    /// change instead): applies the rules and logs what the change will replace.
+    fn before_change(&self, offset: u64, len: usize, set_len: Option<u64>) -> Hook {
+        if !self.dir.active.load(Ordering::Acquire) {
+            return PASS;
+        }
+        let cut = CUT.read();
+        let mut dir = self.dir.state.lock();
+        let verdict = dir.verdict(&self.path, Op::Write, len, false);
+        let logged = dir.tracking && !matches!(verdict, Verdict::Fail(_));
+        if logged {
+            let size = self.os.len().unwrap_or(0);
+            // Reads what is there, unhooked (with the locks held); a failed read logs zeros.
+            let old = |at: u64, n: u64| {
+                let mut b = vec![0u8; n as usize];
+                let _ = self.os.read_at_most(&mut b, at);
+                b
+            };
+            let undo = match set_len {
+                Some(new) => Undo::SetLen { len: size, tail: old(new, size.saturating_sub(new)) },
+                None => {
+                    Undo::Write { offset, old: old(offset, size.saturating_sub(offset).min(len as u64)), len: size }
+                }
+            };
+            dir.logs.entry(self.path.clone()).or_default().undo.push(undo);
+        }
+        drop(dir);
+        Hook { verdict, log: logged.then(|| (self.dir.clone(), self.path.clone(), Pending::Change)), _cut: Some(cut) }
+    }
+
+    fn sync(&self, f: impl FnOnce(&File) -> io::Result<()>) -> io::Result<()> {
+        let mut hook = self.before(Op::Sync, false);
+        if let Some(e) = hook.take_failure() {
+            return Err(e);
+        }
+        f(&self.os)?;
+        hook.synced();
+        Ok(())
+    }
+}
+
+#[cfg(feature = "faults")]
+impl FileIo for FaultyFile {
+    fn read_at_most(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let mut hook = self.before(Op::Read, false);
+        if let Some(e) = hook.take_failure() {
+            return Err(e);
+        }
+        self.os.read_at_most(buf, offset)
+    }
+
+    fn read_cached_at_most(&self, buf: &mut [u8], offset: u64) -> io::Result<Option<usize>> {
+        let mut hook = self.before(Op::Read, true);
+        match hook.take_verdict() {
+            Verdict::Proceed | Verdict::Short(..) => self.os.read_cached_at_most(buf, offset),
+            Verdict::Fail(e) => Err(e),
+            // A slow device: the page is not cached.
+            Verdict::Delay(_) => Ok(None),
+            Verdict::ShortRead => self.os.read_at_most(buf, offset).map(|n| Some(n / 2)),
+        }
+    }
+
+    fn write_all_vectored_at(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+        let len = parts.iter().map(|p| p.len()).sum();
+        let mut hook = self.before_change(offset, len, None);
+        match hook.take_verdict() {
+            Verdict::Proceed | Verdict::ShortRead => {}
+            Verdict::Delay(d) => hold(d),
+            Verdict::Fail(e) => return Err(e),
+            Verdict::Short(n, e) => {
+                // Land the first `n` bytes, as a device that fills up mid-write does.
+                let joined: Vec<u8> = parts.concat();
+                self.os.write_all_vectored_at(&[&joined[..n]], offset)?;
+                return Err(e);
+            }
+        }
+        self.os.write_all_vectored_at(parts, offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.sync(File::sync_data)
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        self.sync(File::sync_all)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut hook = self.before_change(len, 0, Some(len));
+        if let Some(e) = hook.take_failure() {
+            return Err(e);
+        }
+        File::set_len(&self.os, len)
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.os.len()
+    }
+}
+
+/// Before a sync of the directory `dir` (which has no open file here): its rules apply.
+pub(crate) fn before_dir_sync(dir: &Path) -> io::Result<()> {
+    let Some(c) = cell_holding(dir) else { return Ok(()) };
+    if !c.active.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let _cut = CUT.read();
+    let verdict = c.state.lock().verdict(dir, Op::Sync, 0, false);
+    let mut hook = Hook { verdict, log: None, _cut: None };
+    hook.take_failure().map_or(Ok(()), Err)
 }
 
 /// Serves a read delay rule, if one applies, to a look at the file system under `path` that
 /// has no open file (its free space: a slow device stalls `statvfs` too). Only delays: other
 /// rules are left for the reads they were written for.
 pub(crate) fn delay_path(path: &Path) {
-    if !ACTIVE.load(Ordering::Acquire) {
+    let Some(c) = cell_holding(path) else { return };
+    if !c.active.load(Ordering::Acquire) {
         return;
     }
-    let Ok(path) = path.canonicalize() else { return };
-    let d = {
-        let dirs = DIRS.lock();
-        let Some((_, d)) = dirs.iter().find(|(dir, _)| path.starts_with(dir)) else { return };
-        d.clone()
-    };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let delay = d.lock().rules.iter_mut().find_map(|r| match r.failure {
+    let delay = c.state.lock().rules.iter_mut().find_map(|r| match r.failure {
         Failure::Delay(ms) if r.op == Op::Read && r.count > 0 && name.contains(r.file.as_str()) => {
             if r.skip > 0 {
                 r.skip -= 1;
@@ -455,35 +583,4 @@ pub(crate) fn delay_path(path: &Path) {
     if let Some(d) = delay {
         hold(d);
     }
-}
-
-/// Before writing `len` bytes at `offset` of `file` (`set_len` is `Some(new_len)` for a
-/// length change instead): applies the rules and logs what the change will replace.
-pub(crate) fn before_change(file: &std::fs::File, offset: u64, len: usize, set_len: Option<u64>) -> Hook {
-    if !ACTIVE.load(Ordering::Acquire) {
-        return PASS;
-    }
-    let cut = CUT.read();
-    let Some((d, path)) = lookup(file) else { return PASS };
-    let mut dir = d.lock();
-    let verdict = dir.verdict(&path, Op::Write, len, false);
-    let logged = dir.tracking && !matches!(verdict, Verdict::Fail(_));
-    if logged {
-        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-        let undo = match set_len {
-            Some(new) => {
-                let mut tail = vec![0u8; size.saturating_sub(new) as usize];
-                raw_read(file, &mut tail, new);
-                Undo::SetLen { len: size, tail }
-            }
-            None => {
-                let mut old = vec![0u8; (size.saturating_sub(offset) as usize).min(len)];
-                raw_read(file, &mut old, offset);
-                Undo::Write { offset, old, len: size }
-            }
-        };
-        dir.logs.entry(path.clone()).or_default().undo.push(undo);
-    }
-    drop(dir);
-    Hook { verdict, log: logged.then_some((d, path, Pending::Change)), _cut: Some(cut) }
 }

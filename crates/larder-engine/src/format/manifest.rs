@@ -13,7 +13,6 @@
 //! before each volume is started, so that a directory that goes missing is known to have held
 //! exactly the volumes the table names.
 
-use crate::io;
 use std::path::{Path, PathBuf};
 
 /// Manifest format version written by this build (1 = one directory, 64 bytes, still read).
@@ -225,20 +224,6 @@ impl Manifest {
             }
             _ => None,
         }
-    }
-
-    /// Reads the manifest of `dir`: `Ok(None)` when there is none, `Err` when unreadable.
-    pub fn load(dir: &Path) -> std::io::Result<Option<Option<Manifest>>> {
-        match std::fs::read(dir.join(FILE_NAME)) {
-            Ok(b) => Ok(Some(Manifest::decode(&b))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Writes the manifest into `dir` atomically.
-    pub fn save(&self, dir: &Path) -> std::io::Result<()> {
-        io::write_atomic(&dir.join(FILE_NAME), &self.encode())
     }
 }
 

@@ -1,0 +1,134 @@
+//! How a store is configured: its directories and ring, durability, and the memory tier.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// When writes are made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Leave it to the OS.
+    Never,
+    /// fdatasync before acknowledging (group commit).
+    Always,
+    /// fdatasync in the background at this interval: bounds what a power loss can take.
+    Every(Duration),
+}
+
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Data directories (created if missing), one per disk: the ring of volumes spans them.
+    /// Their order does not matter.
+    pub dirs: Vec<PathBuf>,
+    /// Refuse to open when a directory the store had is missing, instead of opening without
+    /// it (degraded).
+    pub strict_dirs: bool,
+    /// Bytes per volume file.
+    pub volume_size: u64,
+    /// Volume slots in the ring.
+    pub volume_count: u32,
+    /// Largest value accepted, in bytes.
+    pub max_value_size: u64,
+    /// Durability policy.
+    pub fsync: FsyncPolicy,
+    /// The memory tier in front of the volumes.
+    pub memory: MemoryConfig,
+    /// Before the ring overwrites its oldest volume, entries of it read from disk at least
+    /// this many times since written (at most 3) are copied forward; 0 = plain FIFO.
+    pub reinsert_min_hits: u8,
+    /// Most bytes reinsertion copies per ring step, as a share of a volume.
+    pub reinsert_share: f64,
+}
+
+impl StoreConfig {
+    /// A configuration with the server's defaults for `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> StoreConfig {
+        StoreConfig {
+            dirs: vec![dir.into()],
+            strict_dirs: false,
+            volume_size: 1 << 30,
+            volume_count: 16,
+            max_value_size: 1 << 20,
+            fsync: FsyncPolicy::Every(Duration::from_secs(1)),
+            memory: MemoryConfig::default(),
+            reinsert_min_hits: 1,
+            reinsert_share: 0.2,
+        }
+    }
+}
+
+/// Smallest volume accepted; smaller settings are raised to it (with a warning).
+pub const MIN_VOLUME_SIZE: u64 = 4096;
+
+/// Eviction policy of the memory tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Eviction {
+    /// quick_cache's CLOCK-Pro-like policy (the default).
+    Clock,
+    /// foyer's SIEVE.
+    Sieve,
+    /// foyer's S3-FIFO.
+    S3Fifo,
+    /// foyer's w-TinyLFU.
+    Lfu,
+    /// foyer's LRU.
+    Lru,
+    /// foyer's FIFO.
+    Fifo,
+}
+
+impl Eviction {
+    /// Every policy, with the name the command line uses.
+    pub const ALL: [(Eviction, &'static str); 6] = [
+        (Eviction::Clock, "clock"),
+        (Eviction::Sieve, "sieve"),
+        (Eviction::S3Fifo, "s3fifo"),
+        (Eviction::Lfu, "lfu"),
+        (Eviction::Lru, "lru"),
+        (Eviction::Fifo, "fifo"),
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        Self::ALL.iter().find(|(e, _)| *e == self).map_or("?", |(_, n)| n)
+    }
+}
+
+impl std::str::FromStr for Eviction {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Eviction, String> {
+        let t = s.trim().to_ascii_lowercase();
+        Self::ALL.iter().find(|(_, n)| *n == t).map(|(e, _)| *e).ok_or_else(|| {
+            let names: Vec<_> = Self::ALL.iter().map(|(_, n)| *n).collect();
+            format!("unknown eviction policy {s:?}: use one of {}", names.join(", "))
+        })
+    }
+}
+
+/// How the memory tier behaves.
+#[derive(Debug, Clone)]
+pub struct MemoryConfig {
+    /// Bytes of values (and keys, and a per-entry overhead) held; 0 turns the tier off.
+    pub capacity: u64,
+    /// Eviction policy.
+    pub eviction: Eviction,
+    /// A value read from disk enters memory on its Nth disk read within `promote_window`;
+    /// 0 and 1 both mean on the first.
+    pub promote_after: u32,
+    /// The window the reads are counted in.
+    pub promote_window: Duration,
+    /// Whether PUT also stores the value in memory (otherwise it only invalidates).
+    pub on_put: bool,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            capacity: 256 << 20,
+            eviction: Eviction::Clock,
+            promote_after: 2,
+            promote_window: Duration::from_secs(60),
+            on_put: false,
+        }
+    }
+}

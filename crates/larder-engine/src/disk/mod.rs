@@ -1,0 +1,151 @@
+//! The disk engine: the ring of volumes, the index that finds records in it, the append log,
+//! group commit, and verified reads. Everything here is about bytes on disk; the memory tier
+//! and request coalescing sit above it (see `store`), and background work is done by
+//! `maintenance`, which this layer only sends jobs to.
+
+pub(crate) mod dirs;
+mod durable;
+mod log;
+mod read;
+mod ring;
+
+pub(crate) use durable::{same, Undo};
+pub(crate) use log::{Append, Writer};
+pub(crate) use read::{Fetch, Got, Record};
+pub(crate) use ring::{Ring, NO_DIR};
+
+use crate::format::volume::VOLUME_HEADER_LEN;
+use crate::index::{Index, Loc};
+use crate::stats::RecoveryReport;
+use durable::DurableState;
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+
+/// The exact record a value was read from: its index location and the slot's whole
+/// generation (the location keeps only 7 bits of it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seen {
+    pub loc: Loc,
+    pub generation: u32,
+}
+
+impl Seen {
+    /// Whether two reads were of the same record (read counts aside).
+    pub fn same(self, other: Seen) -> bool {
+        self.loc.same_place(other.loc) && self.generation == other.generation
+    }
+}
+
+pub(crate) enum Job {
+    Hint {
+        slot: usize,
+        generation: u32,
+        sequence: u64,
+        len: u64,
+        /// The append count when the volume was sealed (`None` for a volume recovered at
+        /// open): its records must be durable before the hint names them.
+        through: Option<u64>,
+    },
+    Reinsert {
+        slot: usize,
+        generation: u32,
+    },
+    /// Answers once every job queued before it has run.
+    Barrier(mpsc::Sender<()>),
+    Sweep,
+    /// Saves the manifest (with one directory, its updates are not waited for).
+    Manifest,
+}
+
+/// Called when the disk engine drops a key for good reason (an expired record met by a read,
+/// the undo of a write whose sync failed), after the index change: the layer above drops the
+/// key from memory (the memory tier's one rule).
+pub(crate) type Forget = Box<dyn Fn(u64, &[u8]) + Send + Sync>;
+
+/// Where the writer starts: the active slot and the offset appends go on from.
+pub(crate) struct Start {
+    pub slot: usize,
+    pub offset: u64,
+    pub next_sequence: u64,
+    /// The newest store time seen: new writes are stamped after it.
+    pub last_stamp: u64,
+}
+
+/// The ring, the index and the log, as one engine shared by readers, the writer and the
+/// maintenance thread.
+pub(crate) struct Disk {
+    pub ring: Ring,
+    pub index: Index,
+    /// The slot being written (the writer's `active`), for stats without the writer lock.
+    pub active: AtomicU32,
+    pub writer: Mutex<Writer>,
+    durable: Mutex<DurableState>,
+    durable_cv: Condvar,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Set by `close`: the syncer thread stops.
+    pub stop: Mutex<bool>,
+    pub stop_cv: Condvar,
+    forget: Forget,
+    pub recovery: RecoveryReport,
+}
+
+impl Disk {
+    /// The engine over `ring` with the index recovery rebuilt; the writer goes on at `start`.
+    pub fn new(ring: Ring, index: Index, start: Start, recovery: RecoveryReport, forget: Forget) -> Disk {
+        let writer = Writer {
+            active: start.slot,
+            offset: start.offset,
+            next_sequence: start.next_sequence,
+            appended: 0,
+            unsynced: Vec::new(),
+            undo: Vec::new(),
+            strays: Vec::new(),
+            prefix: Vec::new(),
+            last_stamp: start.last_stamp,
+            closed: false,
+            cursor: 0,
+        };
+        Disk {
+            ring,
+            index,
+            active: AtomicU32::new(start.slot as u32),
+            writer: Mutex::new(writer),
+            durable: Mutex::new(DurableState::default()),
+            durable_cv: Condvar::new(),
+            jobs: Mutex::new(None),
+            stop: Mutex::new(false),
+            stop_cv: Condvar::new(),
+            forget,
+            recovery,
+        }
+    }
+
+    /// Connects the maintenance thread: jobs sent before this are dropped.
+    pub fn set_jobs(&self, tx: Option<mpsc::Sender<Job>>) {
+        *self.jobs.lock() = tx;
+    }
+
+    /// Whether the index still names the record `seen` (whole generation compared).
+    pub fn names(&self, hash: u64, seen: Seen) -> bool {
+        self.index.get(hash).is_some_and(|l| l.same_place(seen.loc))
+            && self.ring.slots[seen.loc.slot as usize].generation.load(Ordering::Acquire) == seen.generation
+    }
+
+    /// The active slot's volume starts fresh at `slot` (a new store, or one whose newest volume
+    /// is in a missing directory).
+    pub fn start_fresh(&mut self, slot: usize, sequence: u64, created_ms: u64) -> crate::Result<()> {
+        let mut cursor = self.writer.get_mut().cursor;
+        self.start_volume(slot, sequence, created_ms, &mut cursor)?;
+        let w = self.writer.get_mut();
+        (w.cursor, w.active, w.offset, w.next_sequence) = (cursor, slot, VOLUME_HEADER_LEN, sequence + 1);
+        self.active.store(slot as u32, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn send(&self, job: Job) {
+        if let Some(tx) = self.jobs.lock().as_ref() {
+            let _ = tx.send(job);
+        }
+    }
+}

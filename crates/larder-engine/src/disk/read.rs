@@ -1,0 +1,239 @@
+//! Verified reads: a record is read with one positional read (non-blocking where the caller
+//! may not wait), checked against its checksums and generation, and only then answered.
+//! Only a complete blocking read can mark a record damaged.
+
+use super::Disk;
+use crate::clock::now_ms;
+use crate::format::meta::{self, Meta};
+use crate::format::record::{self, Header, HEADER_LEN, MAX_KEY_LEN};
+use crate::index::Loc;
+use crate::types::{Part, Position, Tier, Value};
+use crate::Result;
+use bytes::Bytes;
+use std::sync::atomic::Ordering;
+
+/// Bytes read first for a part of a large record: header, longest key and metadata fit.
+const PREFIX_READ: usize = 8192;
+const _: () = assert!(HEADER_LEN + MAX_KEY_LEN + record::MAX_META_LEN <= PREFIX_READ);
+
+/// A verified record as read from a volume.
+pub(crate) struct Record {
+    pub buf: Vec<u8>,
+    pub header: Header,
+    pub value: (usize, usize),
+    /// CRC32C of the value.
+    pub value_crc: u32,
+}
+
+impl Record {
+    pub fn key(&self) -> &[u8] {
+        &self.buf[HEADER_LEN..HEADER_LEN + self.header.key_len as usize]
+    }
+
+    pub fn meta(&self) -> &[u8] {
+        &self.buf[HEADER_LEN + self.header.key_len as usize..self.value.0]
+    }
+
+    pub fn value(&self) -> &[u8] {
+        &self.buf[self.value.0..self.value.1]
+    }
+
+    pub fn expired(&self, now: u64) -> bool {
+        self.header.expiry_ms != 0 && self.header.expiry_ms <= now
+    }
+}
+
+/// What a read of part of a value found.
+pub(crate) enum Got {
+    /// The value, and the generation of the record it was read from.
+    Value(Value, u32),
+    /// Absent, expired, another key's record, or damaged.
+    Gone,
+    WouldBlock,
+}
+
+pub(crate) enum Fetch {
+    Record(Record),
+    /// Not there any more: the slot moved on, or the bytes failed verification.
+    Gone,
+    WouldBlock,
+}
+
+impl Disk {
+    /// Reads and verifies the record at `loc`.
+    pub fn fetch(&self, hash: u64, loc: Loc, nowait: bool) -> Result<Fetch> {
+        let slot = &self.ring.slots[loc.slot as usize];
+        let (Some(generation), Some(file)) = (self.ring.live_generation(loc), slot.file()) else {
+            return Ok(Fetch::Gone);
+        };
+        let salt = slot.salt.load(Ordering::Acquire);
+        let mut buf = vec![0u8; record::size_class_bytes(loc.class) as usize];
+        let Some(n) = self.ring.read(slot, file, &mut buf, loc.offset, nowait)? else { return Ok(Fetch::WouldBlock) };
+        self.ring.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
+        buf.truncate(n);
+        let (header, value) = match record::decode(&buf, salt) {
+            Ok(r) => (r.header, r.value_range),
+            // Only a complete blocking read marks damage: the blocking path reads again.
+            Err(_) if nowait => return Ok(Fetch::WouldBlock),
+            Err(err) => {
+                self.damaged(hash, loc, generation, err);
+                return Ok(Fetch::Gone);
+            }
+        };
+        if header.generation != generation {
+            return Ok(Fetch::Gone);
+        }
+        let value_crc = record::value_crc(&buf, &header, salt);
+        Ok(Fetch::Record(Record { buf, header, value, value_crc }))
+    }
+
+    /// A record at `loc` failed verification. A slot reused under the reader explains any
+    /// garbage; otherwise it is damage: counted, logged, and answered as a miss from now on.
+    fn damaged(&self, hash: u64, loc: Loc, generation: u32, err: impl std::fmt::Debug) {
+        if self.ring.slots[loc.slot as usize].generation.load(Ordering::Acquire) == generation {
+            self.ring.counters.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                volume = loc.slot,
+                offset = loc.offset,
+                ?err,
+                "record failed verification; answered as a miss"
+            );
+            self.index.remove_if_eq(hash, loc);
+        }
+    }
+
+    /// The value of `key` in a verified record read from `loc`, or `None` when the record is
+    /// another key's, a tombstone, or expired (an expired entry is dropped from the index).
+    fn value_of(&self, hash: u64, loc: Loc, key: &[u8], rec: Record) -> Option<Value> {
+        let h = rec.header;
+        if rec.key() != key || h.is_tombstone() {
+            return None;
+        }
+        if rec.expired(now_ms()) {
+            self.expire(hash, loc, key);
+            return None;
+        }
+        let meta_at = HEADER_LEN + h.key_len as usize..rec.value.0;
+        let buf = Bytes::from(rec.buf);
+        let content_type = Meta::parse(&buf[meta_at]).content_type.map(|t| buf.slice_ref(t));
+        Some(Value {
+            data: buf.slice(rec.value.0..rec.value.1),
+            start: 0,
+            len: h.value_len as u64,
+            crc: rec.value_crc,
+            content_type,
+            position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
+            stored_ms: h.stored_ms,
+            expiry_ms: h.expiry_ms,
+            tier: Tier::Disk,
+        })
+    }
+
+    /// Reads `part` of the value of `key` at `loc`. A small record is read and verified whole.
+    /// Of a large one only the front (header, key and metadata, verified by their own
+    /// checksums) is read, then just the blocks that hold the range, each verified against
+    /// its block checksum: a range or a HEAD of a large value never reads all of it.
+    pub fn fetch_part(&self, hash: u64, loc: Loc, key: &[u8], part: Part, nowait: bool) -> Result<Got> {
+        let class = record::size_class_bytes(loc.class) as usize;
+        // A record this small holds no block checksums (or barely more than 128 KiB of them):
+        // a range of it is read whole, in one read, rather than front first.
+        let small = class as u64 <= (meta::BLOCKED_MIN_LEN + PREFIX_READ as u64) * 17 / 16;
+        let whole = part == Part::Whole || matches!(part, Part::Range(_)) && small;
+        if whole || class <= PREFIX_READ {
+            return Ok(match self.fetch(hash, loc, nowait)? {
+                Fetch::WouldBlock => Got::WouldBlock,
+                Fetch::Gone => Got::Gone,
+                Fetch::Record(r) => {
+                    let generation = r.header.generation;
+                    self.value_of(hash, loc, key, r).map_or(Got::Gone, |v| Got::Value(v.narrow(part), generation))
+                }
+            });
+        }
+        let slot = &self.ring.slots[loc.slot as usize];
+        let (Some(generation), Some(file)) = (self.ring.live_generation(loc), slot.file()) else {
+            return Ok(Got::Gone);
+        };
+        let salt = slot.salt.load(Ordering::Acquire);
+        let mut front = vec![0u8; PREFIX_READ];
+        let Some(n) = self.ring.read(slot, file, &mut front, loc.offset, nowait)? else { return Ok(Got::WouldBlock) };
+        self.ring.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
+        front.truncate(n);
+        let (h, meta_block) = match record::decode_prefix(&front, salt) {
+            Ok(x) => x,
+            Err(_) if nowait => return Ok(Got::WouldBlock),
+            Err(err) => {
+                self.damaged(hash, loc, generation, err);
+                return Ok(Got::Gone);
+            }
+        };
+        if h.generation != generation || &front[HEADER_LEN..HEADER_LEN + h.key_len as usize] != key || h.is_tombstone()
+        {
+            return Ok(Got::Gone);
+        }
+        if h.expiry_ms != 0 && h.expiry_ms <= now_ms() {
+            self.expire(hash, loc, key);
+            return Ok(Got::Gone);
+        }
+        let len = h.value_len as u64;
+        let meta = Meta::parse(meta_block);
+        let (start, end) = match part {
+            Part::Range(r) => r.resolve(len).unwrap_or((0, 0)),
+            _ => (0, 0),
+        };
+        let data = if start == end {
+            Bytes::new()
+        } else {
+            let Some(blocks) = meta.blocks(len) else {
+                // A value without block checksums is verified whole.
+                return self.fetch_part(hash, loc, key, Part::Whole, nowait).map(|g| match g {
+                    Got::Value(v, g) => Got::Value(v.narrow(part), g),
+                    other => other,
+                });
+            };
+            let size = blocks.size();
+            let (first, last) = (start / size, (end - 1) / size);
+            let (from, to) = (first * size, ((last + 1) * size).min(len));
+            let value_at = loc.offset + (HEADER_LEN + h.key_len as usize + h.meta_len as usize) as u64;
+            let mut buf = vec![0u8; (to - from) as usize];
+            let Some(n) = self.ring.read(slot, file, &mut buf, value_at + from, nowait)? else {
+                return Ok(Got::WouldBlock);
+            };
+            self.ring.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
+            if n < buf.len() {
+                if nowait {
+                    return Ok(Got::WouldBlock);
+                }
+                self.damaged(hash, loc, generation, record::DecodeError::Short);
+                return Ok(Got::Gone);
+            }
+            for (i, block) in buf.chunks(size as usize).enumerate() {
+                if crc32c::crc32c(block) != blocks.crc(first + i as u64) {
+                    if nowait {
+                        return Ok(Got::WouldBlock);
+                    }
+                    self.damaged(hash, loc, generation, record::DecodeError::BadBody);
+                    return Ok(Got::Gone);
+                }
+            }
+            Bytes::from(buf).slice((start - from) as usize..(end - from) as usize)
+        };
+        let value = Value {
+            data,
+            start,
+            len,
+            crc: record::value_crc(&front, &h, salt),
+            content_type: meta.content_type.map(Bytes::copy_from_slice),
+            position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
+            stored_ms: h.stored_ms,
+            expiry_ms: h.expiry_ms,
+            tier: Tier::Disk,
+        };
+        Ok(Got::Value(value, h.generation))
+    }
+
+    /// An expired entry found at `loc`: out of the index, then out of memory.
+    fn expire(&self, hash: u64, loc: Loc, key: &[u8]) {
+        self.index.remove_if_eq(hash, loc);
+        (self.forget)(hash, key);
+    }
+}

@@ -1,0 +1,273 @@
+//! The write path: PUT and DELETE. Each looks at the key's current record outside the
+//! writer lock when it must (a precondition, a delete), takes the lock only while the index
+//! still names what it read, appends, updates the index, reconciles memory, and (with
+//! `FsyncPolicy::Always`) waits for group commit after releasing the lock.
+
+use super::Store;
+use crate::clock::now_ms;
+use crate::config::FsyncPolicy;
+use crate::disk::{same, Append, Got, Seen, Undo, Writer};
+use crate::format::meta;
+use crate::format::record::{self, Header, FLAG_TOMBSTONE, HEADER_LEN, MAX_KEY_LEN};
+use crate::format::volume::VOLUME_HEADER_LEN;
+use crate::index::Loc;
+use crate::memory::{Cached, Settled};
+use crate::types::{Part, Position, Precondition, PutOptions, Stored, Version};
+use crate::{Error, ErrorKind, Result};
+use bytes::Bytes;
+use std::sync::atomic::Ordering;
+
+/// What the index names for a key, as [`Store::lock_current`] saw it before the writer lock.
+struct Current {
+    loc: Option<Loc>,
+    /// The version of the key's live value there (not a tombstone, expired or another key's).
+    live: Option<Version>,
+}
+
+/// A header stamped now; `append` sets the generation and the encoder the lengths.
+fn new_header(flags: u16) -> Header {
+    Header { flags, key_len: 0, value_len: 0, meta_len: 0, generation: 0, stored_ms: now_ms(), expiry_ms: 0, crc: 0 }
+}
+
+pub(super) fn check_key(key: &[u8]) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(Error::new(
+            ErrorKind::InvalidKey,
+            format!("key must be 1 to {MAX_KEY_LEN} bytes, got {}", key.len()),
+        ));
+    }
+    Ok(())
+}
+
+impl Store {
+    /// The writer lock, unless `wait` is false and taking it (or appending `need` bytes) could
+    /// block: the lock is held, a rotation is due (the volume is full, or its directory
+    /// failed), or the policy syncs every write.
+    fn writer(&self, wait: bool, need: u64) -> Option<parking_lot::MutexGuard<'_, Writer>> {
+        let sh = &*self.disk;
+        if wait {
+            return Some(sh.writer.lock());
+        }
+        if sh.ring.cfg.fsync == FsyncPolicy::Always {
+            return None;
+        }
+        let w = sh.writer.try_lock()?;
+        let usable = sh.ring.slots[w.active].dir().is_none_or(|d| sh.ring.dirs[d].usable());
+        (w.offset + need <= sh.ring.cfg.volume_size && usable).then_some(w)
+    }
+
+    /// The writer lock, taken while the index still names what was read of `key` before it
+    /// (if `look`: its live value, for a precondition or a delete). The read happens outside
+    /// the lock, so that every writer never waits on one key's disk read; if a write of the
+    /// key (or a turn of the ring) came in between, it is read again. After a few such rounds
+    /// (a key written faster than one read takes) the read is made under the lock, which always
+    /// finishes. `Ok(None)` where a call that may not wait would (see [`Store::writer`]; a read
+    /// that would wait for the device too).
+    fn lock_current(
+        &self,
+        hash: u64,
+        key: &[u8],
+        look: bool,
+        wait: bool,
+        need: u64,
+    ) -> Result<Option<(parking_lot::MutexGuard<'_, Writer>, Current)>> {
+        const ROUNDS: u32 = 3;
+        let sh = &*self.disk;
+        let mut round = 0;
+        loop {
+            let last = round == ROUNDS;
+            if last && !wait {
+                return Ok(None); // the blocking path reads under the lock
+            }
+            let locked = (look && last).then(|| sh.writer.lock());
+            let loc = sh.index.get(hash);
+            // The whole generation: the location keeps only 7 bits of it.
+            let generation = loc.and_then(|l| sh.ring.live_generation(l));
+            let live = match (look, loc) {
+                (true, Some(l)) => match sh.fetch_part(hash, l, key, Part::Nothing, !wait)? {
+                    Got::WouldBlock => return Ok(None),
+                    Got::Gone => None,
+                    Got::Value(v, _) => Some(v.version()),
+                },
+                _ => None,
+            };
+            if look && locked.is_none() {
+                crate::pause::point("write.looked", key);
+            }
+            let Some(w) = locked.or_else(|| self.writer(wait, need)) else { return Ok(None) };
+            let now = sh.index.get(hash);
+            if !look || last || (same(now, loc) && now.and_then(|l| sh.ring.live_generation(l)) == generation) {
+                return Ok(Some((w, Current { loc, live })));
+            }
+            round += 1;
+        }
+    }
+
+    pub(super) fn put_inner(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        opts: &PutOptions<'_>,
+        wait: bool,
+    ) -> Result<Option<Stored>> {
+        check_key(key)?;
+        let sh = &*self.disk;
+        if value.len() as u64 > sh.ring.cfg.max_value_size {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!("value of {} bytes exceeds the limit of {} bytes", value.len(), sh.ring.cfg.max_value_size),
+            ));
+        }
+        if let Some(t) = opts.content_type.filter(|t| t.len() > meta::MAX_CONTENT_TYPE) {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("content type of {} bytes exceeds the limit of {} bytes", t.len(), meta::MAX_CONTENT_TYPE),
+            ));
+        }
+        // Outside the writer lock: one pass over the value for its checksum and, when it is
+        // large, the block checksums a range read verifies.
+        let (value_crc, blocks) = meta::checksum(value);
+        let mut meta_block = Vec::new();
+        meta::encode(&mut meta_block, opts.content_type, blocks.as_ref());
+        let record_len = record::padded((HEADER_LEN + key.len() + meta_block.len() + value.len()) as u64);
+        if VOLUME_HEADER_LEN + record_len > sh.ring.cfg.volume_size || value.len() > u32::MAX as usize {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!("value of {} bytes does not fit in a volume of {} bytes", value.len(), sh.ring.cfg.volume_size),
+            ));
+        }
+        let hash = sh.ring.hash(key);
+        let always = sh.ring.cfg.fsync == FsyncPolicy::Always;
+        // What memory keeps of the value with `memory_on_put` (times are set below).
+        let mut cached = self.memory.as_ref().filter(|m| m.on_put()).map(|_| Cached {
+            data: Bytes::copy_from_slice(value),
+            position: Position { volume: 0, offset: 0, size: 0 },
+            stored_ms: 0,
+            expiry_ms: 0,
+            crc: value_crc,
+            content_type: opts.content_type.map(Bytes::copy_from_slice),
+        });
+        let mut header = new_header(0);
+        let looked = !opts.preconditions.is_empty();
+        let (pos, seen, seq) = {
+            let Some((mut w, current)) = self.lock_current(hash, key, looked, wait, record_len)? else {
+                return Ok(None);
+            };
+            self.check(key, opts.preconditions, current.live)?;
+            // Stamped under the lock, so store times (and versions) are unique and ordered.
+            header.stored_ms = w.stamp();
+            // By the clock, which expiry is checked against, not by the stamp: the stamp runs
+            // ahead of the clock after it stepped back. A zero TTL expires at once.
+            header.expiry_ms = match opts.ttl {
+                None => 0,
+                Some(t) if t.is_zero() => 1,
+                Some(t) => now_ms().max(1).saturating_add(t.as_millis() as u64),
+            };
+            let rec = Append { header, key, meta: &meta_block, value, value_crc };
+            let Some((pos, loc)) = sh.append(&mut w, wait, &rec)? else {
+                return Ok(None);
+            };
+            // A colliding key loses its entry here: it becomes a miss, never a wrong value.
+            let before = sh.index.insert(hash, loc);
+            let seen = Seen { loc, generation: sh.ring.slots[loc.slot as usize].generation.load(Ordering::Relaxed) };
+            if always {
+                w.undo.push(Undo { hash, key: key.into(), before, after: Some(loc) });
+            }
+            if let Some(c) = &mut cached {
+                (c.position, c.stored_ms, c.expiry_ms) = (pos, header.stored_ms, header.expiry_ms);
+            }
+            // Under the writer lock, so that a conditional write after this one never finds
+            // the replaced value in memory. A value that must be durable first enters memory
+            // only once it is: a failed sync undoes the index change.
+            let offer = if always { None } else { cached.take().map(|c| (c, seen)) };
+            self.reconcile_memory(hash, key, offer);
+            (pos, seen, w.appended)
+        };
+        crate::pause::point("put.unlocked", key);
+        if always {
+            sh.wait_durable(seq)?;
+            if let Some(c) = cached {
+                self.reconcile_memory(hash, key, Some((c, seen)));
+            }
+        }
+        sh.ring.counters.puts.fetch_add(1, Ordering::Relaxed);
+        let version = Version { len: value.len() as u64, crc: value_crc, stored_ms: header.stored_ms };
+        Ok(Some(Stored { position: pos, version }))
+    }
+
+    pub(super) fn delete_inner(&self, key: &[u8], preconditions: &[Precondition], wait: bool) -> Result<Option<bool>> {
+        check_key(key)?;
+        let sh = &*self.disk;
+        let hash = sh.ring.hash(key);
+        let need = record::padded((HEADER_LEN + key.len()) as u64);
+        let (seq, tombstone_only, in_memory) = {
+            let Some((mut w, current)) = self.lock_current(hash, key, true, wait, need)? else { return Ok(None) };
+            self.check(key, preconditions, current.live)?;
+            // A live value gets a tombstone; so does any key while a volume is left out of the
+            // index (or in a missing directory), or holds a put undone after a failed sync: it
+            // may hold the key, and the tombstone keeps it deleted when recovery meets that
+            // record. An expired value needs none: it stays expired across restarts.
+            let (seq, tombstone_only) = if current.live.is_some() || sh.ring.degraded || w.has_strays(&sh.ring.slots) {
+                let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_TOMBSTONE) };
+                let rec = Append { header, key, meta: b"", value: b"", value_crc: crc32c::crc32c(b"") };
+                let Some(_) = sh.append(&mut w, wait, &rec)? else {
+                    return Ok(None);
+                };
+                if let (Some(loc), Some(_)) = (current.loc, current.live) {
+                    if sh.index.remove_if_eq(hash, loc) && sh.ring.cfg.fsync == FsyncPolicy::Always {
+                        w.undo.push(Undo { hash, key: key.into(), before: Some(loc), after: None });
+                    }
+                }
+                (Some(w.appended), current.live.is_none())
+            } else {
+                (None, false)
+            };
+            // Memory may hold the key after the ring evicted its record: that counts as
+            // present, unless expired. Dropped under the writer lock, so that a conditional
+            // write after this delete never finds the value in memory.
+            let held = match self.reconcile_memory(hash, key, None) {
+                Settled::Dropped(held) => held,
+                Settled::Stored => None,
+            };
+            let now = now_ms();
+            (seq, tombstone_only, held.is_some_and(|c| c.expiry_ms == 0 || c.expiry_ms > now))
+        };
+        if let (Some(seq), FsyncPolicy::Always) = (seq, sh.ring.cfg.fsync) {
+            sh.wait_durable(seq)?;
+        }
+        let found = (seq.is_some() && !tombstone_only) || in_memory;
+        if found {
+            sh.ring.counters.deletes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Some(found))
+    }
+
+    /// The current version of `key`, under the writer lock (`indexed` is what its index entry
+    /// names, read before the lock by [`Store::lock_current`]).
+    fn current_version(&self, key: &[u8], indexed: Option<Version>) -> Option<Version> {
+        if indexed.is_some() {
+            return indexed;
+        }
+        // Memory may hold a value whose record the ring has overwritten. Every write drops the
+        // key from memory under the writer lock, so what it holds here is current.
+        let now = now_ms();
+        let cached = self.memory.as_ref().and_then(|m| m.get(key));
+        cached.filter(|c| c.expiry_ms == 0 || c.expiry_ms > now).map(|c| Version {
+            len: c.data.len() as u64,
+            crc: c.crc,
+            stored_ms: c.stored_ms,
+        })
+    }
+
+    /// Fails unless every precondition holds for the current value of `key`. Under the writer
+    /// lock; `indexed` as for [`Shared::current_version`].
+    fn check(&self, key: &[u8], preconditions: &[Precondition], indexed: Option<Version>) -> Result<()> {
+        if preconditions.is_empty() {
+            return Ok(());
+        }
+        match crate::types::unmet(preconditions, self.current_version(key, indexed)) {
+            None => Ok(()),
+            Some(why) => Err(Error::new(ErrorKind::PreconditionFailed, why)),
+        }
+    }
+}
