@@ -1,11 +1,13 @@
 //! The `DIR-ID` file: which store a data directory belongs to, and the directory's own id
 //! (docs/FORMAT.md, "Directory id").
 
+use bytes::{Buf, BufMut};
+
 /// Name of the id file in each data directory.
 pub const ID_FILE: &str = "DIR-ID";
 const ID_MAGIC: &[u8; 8] = b"LARDDIRI";
 const ID_VERSION: u32 = 1;
-const ID_LEN: usize = 64;
+const ID_LEN: usize = super::BLOCK_LEN;
 
 /// The contents of a `DIR-ID` file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,25 +21,26 @@ pub struct DirId {
 impl DirId {
     /// Encodes to the 64-byte on-disk form.
     pub fn encode(&self) -> [u8; ID_LEN] {
-        let mut b = [0u8; ID_LEN];
-        b[0..8].copy_from_slice(ID_MAGIC);
-        b[8..12].copy_from_slice(&ID_VERSION.to_le_bytes());
-        b[16..32].copy_from_slice(&self.store_id);
-        b[32..48].copy_from_slice(&self.dir_id);
-        let crc = crc32c::crc32c(&b[..60]);
-        b[60..64].copy_from_slice(&crc.to_le_bytes());
-        b
+        super::seal_block(ID_MAGIC, ID_VERSION, |w| {
+            w.put_bytes(0, 4); // reserved
+            w.put_slice(&self.store_id);
+            w.put_slice(&self.dir_id);
+        })
     }
 
     /// Decodes and verifies; `None` for anything else.
     pub fn decode(b: &[u8]) -> Option<DirId> {
-        if b.len() != ID_LEN || &b[0..8] != ID_MAGIC {
+        if b.len() != ID_LEN {
             return None;
         }
-        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
-        if u32_at(8) != ID_VERSION || crc32c::crc32c(&b[..60]) != u32_at(60) {
+        let (version, mut r) = super::open_block(b, ID_MAGIC)?;
+        if version != ID_VERSION {
             return None;
         }
-        Some(DirId { store_id: b[16..32].try_into().unwrap(), dir_id: b[32..48].try_into().unwrap() })
+        r.advance(4); // reserved
+        let (mut store_id, mut dir_id) = ([0u8; 16], [0u8; 16]);
+        r.copy_to_slice(&mut store_id);
+        r.copy_to_slice(&mut dir_id);
+        Some(DirId { store_id, dir_id })
     }
 }

@@ -8,6 +8,7 @@
 //! scanned), and scans the whole volume otherwise.
 
 use crate::format::volume::VolumeHeader;
+use bytes::{Buf, BufMut};
 
 /// Hint file format version written by this build. Version 1 (read too) lacks the newest
 /// store time of the volume's records.
@@ -91,13 +92,13 @@ impl Encoder {
             HintEntry::Put { hash, offset, len, expiry_ms } => (hash, offset, len, *expiry_ms & !DROP_BIT),
             HintEntry::Drop { hash, offset, len, .. } => (hash, offset, len, DROP_BIT),
         };
-        b.extend_from_slice(&hash.to_le_bytes());
-        b.extend_from_slice(&((offset / 8) as u32).to_le_bytes());
-        b.extend_from_slice(&len.to_le_bytes());
-        b.extend_from_slice(&tail.to_le_bytes());
+        b.put_u64_le(*hash);
+        b.put_u32_le((offset / 8) as u32);
+        b.put_u32_le(*len);
+        b.put_u64_le(tail);
         if let HintEntry::Drop { key, .. } = e {
-            b.extend_from_slice(&(key.len() as u16).to_le_bytes());
-            b.extend_from_slice(key);
+            b.put_u16_le(key.len() as u16);
+            b.put_slice(key);
         }
         self.count += 1;
         self.max_stored_ms = self.max_stored_ms.max(stored_ms);
@@ -122,14 +123,16 @@ impl Encoder {
     pub fn finish(&self, vh: &VolumeHeader, data_len: u64) -> ([u8; HEADER_LEN], [u8; 4]) {
         assert!(self.pending.is_empty(), "flush before finishing");
         let mut h = [0u8; HEADER_LEN];
-        h[0..8].copy_from_slice(MAGIC);
-        h[8..12].copy_from_slice(&HINT_VERSION.to_le_bytes());
-        h[12..16].copy_from_slice(&vh.slot.to_le_bytes());
-        h[16..20].copy_from_slice(&vh.generation.to_le_bytes());
-        h[24..32].copy_from_slice(&vh.sequence.to_le_bytes());
-        h[32..40].copy_from_slice(&data_len.to_le_bytes());
-        h[40..48].copy_from_slice(&self.count.to_le_bytes());
-        h[48..56].copy_from_slice(&self.max_stored_ms.to_le_bytes());
+        let mut w = &mut h[..];
+        w.put_slice(MAGIC);
+        w.put_u32_le(HINT_VERSION);
+        w.put_u32_le(vh.slot);
+        w.put_u32_le(vh.generation);
+        w.put_u32_le(0); // reserved
+        w.put_u64_le(vh.sequence);
+        w.put_u64_le(data_len);
+        w.put_u64_le(self.count);
+        w.put_u64_le(self.max_stored_ms);
         let crc = crc32c::crc32c_combine(crc32c::crc32c(&h), self.crc, self.written as usize);
         (h, crc.to_le_bytes())
     }
@@ -166,21 +169,23 @@ impl<'a> Hint<'a> {
             return None;
         }
         let (body, crc) = b.split_at(b.len() - 4);
-        if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().unwrap()) {
+        if crc32c::crc32c(body) != (&crc[..]).get_u32_le() {
             return None;
         }
-        let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap());
-        let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
-        let data_len = u64_at(32);
-        let (entries_at, max_stored_ms) = match u32_at(8) {
+        let mut r = &body[8..];
+        let version = r.get_u32_le();
+        let (slot, generation) = (r.get_u32_le(), r.get_u32_le());
+        r.advance(4); // reserved
+        let (sequence, data_len, count) = (r.get_u64_le(), r.get_u64_le(), r.get_u64_le());
+        let (entries_at, max_stored_ms) = match version {
             1 => (HEADER_LEN_V1, 0),
-            2 if body.len() >= HEADER_LEN => (HEADER_LEN, u64_at(48)),
+            2 if body.len() >= HEADER_LEN => (HEADER_LEN, r.get_u64_le()),
             _ => return None,
         };
-        if u32_at(12) != vh.slot || u32_at(16) != vh.generation || u64_at(24) != vh.sequence || data_len > file_len {
+        if slot != vh.slot || generation != vh.generation || sequence != vh.sequence || data_len > file_len {
             return None;
         }
-        let hint = Hint { body, entries_at, count: u64_at(40), max_stored_ms, data_len };
+        let hint = Hint { body, entries_at, count, max_stored_ms, data_len };
         // Walk the entries once before any is used, so that a hint is applied whole or not at all.
         let mut at = entries_at;
         for _ in 0..hint.count {
@@ -201,13 +206,13 @@ impl<'a> Hint<'a> {
 
     /// Where the entry starting at `at` ends, if it fits.
     fn entry_end(&self, at: usize) -> Option<usize> {
-        let b = self.body;
-        let fixed = at.checked_add(ENTRY_LEN).filter(|&e| e <= b.len())?;
-        if u64::from_le_bytes(b[at + 16..at + 24].try_into().unwrap()) & DROP_BIT == 0 {
-            return Some(fixed);
+        let mut r = self.body.get(at..).filter(|r| r.len() >= ENTRY_LEN)?;
+        r.advance(16);
+        if r.get_u64_le() & DROP_BIT == 0 {
+            return Some(at + ENTRY_LEN);
         }
-        let klen = u16::from_le_bytes(b.get(fixed..fixed + 2)?.try_into().unwrap()) as usize;
-        Some(fixed + 2 + klen).filter(|&e| e <= b.len())
+        let klen = r.get(..2).map(|mut k| k.get_u16_le())? as usize;
+        Some(at + ENTRY_LEN + 2 + klen).filter(|&e| e <= self.body.len())
     }
 
     /// Calls `f` with each entry, in volume order.
@@ -218,14 +223,10 @@ impl<'a> Hint<'a> {
     /// The entries, in volume order.
     pub fn iter(&self) -> impl Iterator<Item = HintEntry> + '_ {
         let b = self.body;
-        let u32_at = move |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
-        let u64_at = move |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
         let mut at = self.entries_at;
         (0..self.count).map(move |_| {
-            let hash = u64_at(at);
-            let offset = u32_at(at + 8) as u64 * 8;
-            let len = u32_at(at + 12);
-            let tail = u64_at(at + 16);
+            let mut r = &b[at..];
+            let (hash, offset, len, tail) = (r.get_u64_le(), r.get_u32_le() as u64 * 8, r.get_u32_le(), r.get_u64_le());
             let end = self.entry_end(at).expect("verified by open");
             let e = if tail & DROP_BIT == 0 {
                 HintEntry::Put { hash, offset, len, expiry_ms: tail }

@@ -13,6 +13,7 @@
 //! before each volume is started, so that a directory that goes missing is known to have held
 //! exactly the volumes the table names.
 
+use bytes::{Buf, BufMut};
 use std::path::{Path, PathBuf};
 
 /// Manifest format version written by this build (1 = one directory, 64 bytes, still read).
@@ -77,7 +78,7 @@ impl Manifest {
         getrandom::fill(&mut rnd).map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(Manifest {
             store_id: rnd[..16].try_into().unwrap(),
-            hash_seed: u64::from_le_bytes(rnd[16..].try_into().unwrap()),
+            hash_seed: (&rnd[16..]).get_u64_le(),
             volume_size,
             volume_count,
             active_slot: 0,
@@ -134,30 +135,32 @@ impl Manifest {
 
     /// Encodes to the on-disk form (see docs/FORMAT.md).
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; FIXED_LEN];
-        b[0..8].copy_from_slice(MAGIC);
-        b[8..12].copy_from_slice(&MANIFEST_VERSION.to_le_bytes());
-        b[12..16].copy_from_slice(&self.active_slot.to_le_bytes());
-        b[16..32].copy_from_slice(&self.store_id);
-        b[32..40].copy_from_slice(&self.hash_seed.to_le_bytes());
-        b[40..48].copy_from_slice(&self.volume_size.to_le_bytes());
-        b[48..52].copy_from_slice(&self.volume_count.to_le_bytes());
-        b[52..54].copy_from_slice(&(self.dirs.len() as u16).to_le_bytes());
-        b[56..64].copy_from_slice(&self.epoch.to_le_bytes());
+        let mut b = Vec::with_capacity(FIXED_LEN + 4 + 10 * self.volume_count as usize);
+        b.put_slice(MAGIC);
+        b.put_u32_le(MANIFEST_VERSION);
+        b.put_u32_le(self.active_slot);
+        b.put_slice(&self.store_id);
+        b.put_u64_le(self.hash_seed);
+        b.put_u64_le(self.volume_size);
+        b.put_u32_le(self.volume_count);
+        b.put_u16_le(self.dirs.len() as u16);
+        b.put_u16_le(0); // reserved
+        b.put_u64_le(self.epoch);
+        debug_assert_eq!(b.len(), FIXED_LEN);
         for d in &self.dirs {
             let p = d.path.as_os_str().as_encoded_bytes();
             let p = &p[..p.len().min(MAX_PATH)];
-            b.extend_from_slice(&d.id);
-            b.extend_from_slice(&(p.len() as u16).to_le_bytes());
-            b.extend_from_slice(p);
+            b.put_slice(&d.id);
+            b.put_u16_le(p.len() as u16);
+            b.put_slice(p);
         }
         for i in 0..self.volume_count as usize {
             let s = self.slot(i);
-            b.extend_from_slice(&s.dir.to_le_bytes());
-            b.extend_from_slice(&s.sequence.to_le_bytes());
+            b.put_u16_le(s.dir);
+            b.put_u64_le(s.sequence);
         }
         let crc = crc32c::crc32c(&b);
-        b.extend_from_slice(&crc.to_le_bytes());
+        b.put_u32_le(crc);
         b
     }
 
@@ -168,22 +171,26 @@ impl Manifest {
         if b.len() < V1_LEN || &b[0..8] != MAGIC {
             return None;
         }
-        let u16_at = |at: usize| u16::from_le_bytes(b[at..at + 2].try_into().unwrap());
-        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
-        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        // The fields versions 1 and 2 share, in order.
+        let mut r = &b[8..];
+        let version = r.get_u32_le();
+        let active_slot = r.get_u32_le();
+        let mut store_id = [0u8; 16];
+        r.copy_to_slice(&mut store_id);
+        let (hash_seed, volume_size, volume_count) = (r.get_u64_le(), r.get_u64_le(), r.get_u32_le());
         let mut m = Manifest {
-            store_id: b[16..32].try_into().unwrap(),
-            hash_seed: u64_at(32),
-            volume_size: u64_at(40),
-            volume_count: u32_at(48),
-            active_slot: u32_at(12),
+            store_id,
+            hash_seed,
+            volume_size,
+            volume_count,
+            active_slot,
             epoch: 0,
             dirs: Vec::new(),
             slots: Vec::new(),
         };
-        match u32_at(8) {
+        match version {
             1 => {
-                if b.len() != V1_LEN || crc32c::crc32c(&b[..60]) != u32_at(60) {
+                if b.len() != V1_LEN || super::open_block(b, MAGIC).is_none() {
                     return None;
                 }
                 m.dirs.push(DirEntry { id: m.store_id, path: PathBuf::new() });
@@ -192,35 +199,36 @@ impl Manifest {
             }
             MANIFEST_VERSION => {
                 let body = b.len().checked_sub(4)?;
-                if crc32c::crc32c(&b[..body]) != u32_at(body) {
+                if crc32c::crc32c(&b[..body]) != (&b[body..]).get_u32_le() {
                     return None;
                 }
-                m.epoch = u64_at(56);
-                let mut at = FIXED_LEN;
-                for _ in 0..u16_at(52) {
-                    if at + 18 > body {
+                let dirs = r.get_u16_le();
+                r.advance(2); // reserved
+                m.epoch = r.get_u64_le();
+                let mut r = b.get(FIXED_LEN..body)?;
+                for _ in 0..dirs {
+                    if r.remaining() < 18 {
                         return None;
                     }
-                    let id = b[at..at + 16].try_into().unwrap();
-                    let len = u16_at(at + 16) as usize;
-                    at += 18;
-                    let p = b.get(at..at + len).filter(|_| at + len <= body)?;
+                    let mut id = [0u8; 16];
+                    r.copy_to_slice(&mut id);
+                    let len = r.get_u16_le() as usize;
+                    let p = r.get(..len)?;
                     let path = PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(p));
+                    r.advance(len);
                     m.dirs.push(DirEntry { id, path });
-                    at += len;
                 }
                 for _ in 0..m.volume_count {
-                    if at + 10 > body {
+                    if r.remaining() < 10 {
                         return None;
                     }
-                    let dir = u16_at(at);
+                    let dir = r.get_u16_le();
                     if dir != NO_DIR && dir as usize >= m.dirs.len() {
                         return None;
                     }
-                    m.slots.push(SlotEntry { dir, sequence: u64_at(at + 2) });
-                    at += 10;
+                    m.slots.push(SlotEntry { dir, sequence: r.get_u64_le() });
                 }
-                (at == body).then_some(m)
+                r.is_empty().then_some(m)
             }
             _ => None,
         }

@@ -10,6 +10,8 @@
 //!   the CRC32C of each block of the value, so that a range read verifies just the blocks it
 //!   reads instead of reading the whole value to check the record checksum.
 
+use bytes::{Buf, BufMut};
+
 /// Entry tag: content type.
 pub const TAG_CONTENT_TYPE: u8 = 1;
 /// Entry tag: block checksums.
@@ -37,8 +39,9 @@ impl<'a> Meta<'a> {
         let mut m = Meta::default();
         let mut rest = block;
         while rest.len() >= 3 {
-            let (tag, len) = (rest[0], u16::from_le_bytes([rest[1], rest[2]]) as usize);
-            let Some(body) = rest.get(3..3 + len) else { break };
+            let mut r = rest;
+            let (tag, len) = (r.get_u8(), r.get_u16_le() as usize);
+            let Some(body) = r.get(..len) else { break };
             match tag {
                 TAG_CONTENT_TYPE => m.content_type = Some(body),
                 TAG_BLOCKS if !body.is_empty() && (body.len() - 1) % 4 == 0 => m.blocks = Some((body[0], &body[1..])),
@@ -76,7 +79,7 @@ impl Blocks<'_> {
     /// The CRC32C of block `i`.
     pub fn crc(&self, i: u64) -> u32 {
         let at = i as usize * 4;
-        u32::from_le_bytes(self.crcs[at..at + 4].try_into().expect("4 bytes"))
+        (&self.crcs[at..at + 4]).get_u32_le()
     }
 }
 
@@ -106,16 +109,16 @@ pub fn checksum(value: &[u8]) -> (u32, Option<(u8, Vec<u32>)>) {
 pub fn encode(out: &mut Vec<u8>, content_type: Option<&[u8]>, blocks: Option<&(u8, Vec<u32>)>) {
     if let Some(ct) = content_type {
         debug_assert!(ct.len() <= MAX_CONTENT_TYPE);
-        out.push(TAG_CONTENT_TYPE);
-        out.extend_from_slice(&(ct.len() as u16).to_le_bytes());
-        out.extend_from_slice(ct);
+        out.put_u8(TAG_CONTENT_TYPE);
+        out.put_u16_le(ct.len() as u16);
+        out.put_slice(ct);
     }
     if let Some((shift, crcs)) = blocks {
-        out.push(TAG_BLOCKS);
-        out.extend_from_slice(&((1 + 4 * crcs.len()) as u16).to_le_bytes());
-        out.push(*shift);
-        for c in crcs {
-            out.extend_from_slice(&c.to_le_bytes());
+        out.put_u8(TAG_BLOCKS);
+        out.put_u16_le((1 + 4 * crcs.len()) as u16);
+        out.put_u8(*shift);
+        for &c in crcs {
+            out.put_u32_le(c);
         }
     }
 }

@@ -9,6 +9,8 @@
 //! recovery searches for the next record after damage. The byte table lives in
 //! docs/FORMAT.md; change both together.
 
+use bytes::{Buf, BufMut};
+
 /// Record format version written by this build. Bump when the header layout changes, and keep
 /// a decoder for the previous version so an upgrade does not throw the cache away.
 pub const RECORD_VERSION: u8 = 1;
@@ -117,28 +119,28 @@ pub fn encode_prefix(
     debug_assert!(key.len() <= MAX_KEY_LEN && meta.len() <= MAX_META_LEN);
     debug_assert!(value_len <= u32::MAX as usize);
     let start = out.len();
-    out.extend_from_slice(&MAGIC.to_le_bytes());
-    out.extend_from_slice(&[0u8; 8]); // crc and hcrc, filled below
-    out.extend_from_slice(&h.flags.to_le_bytes());
-    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
-    out.extend_from_slice(&(value_len as u32).to_le_bytes());
-    out.extend_from_slice(&(meta.len() as u16).to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes()); // reserved
-    out.extend_from_slice(&h.generation.to_le_bytes());
+    out.put_u32_le(MAGIC);
+    out.put_bytes(0, 8); // crc and hcrc, filled below
+    out.put_u16_le(h.flags);
+    out.put_u16_le(key.len() as u16);
+    out.put_u32_le(value_len as u32);
+    out.put_u16_le(meta.len() as u16);
+    out.put_u16_le(0); // reserved
+    out.put_u32_le(h.generation);
     // The metadata's own checksum, inside the part `hcrc` covers: a reader can trust the
     // metadata (a large value's block checksums) without reading the value. 0 without one.
     let meta_crc = if meta.is_empty() { 0 } else { crc32c::crc32c_append(salt, meta) };
-    out.extend_from_slice(&meta_crc.to_le_bytes());
-    out.extend_from_slice(&h.stored_ms.to_le_bytes());
-    out.extend_from_slice(&h.expiry_ms.to_le_bytes());
+    out.put_u32_le(meta_crc);
+    out.put_u64_le(h.stored_ms);
+    out.put_u64_le(h.expiry_ms);
     debug_assert_eq!(out.len() - start, HEADER_LEN);
-    out.extend_from_slice(key);
+    out.put_slice(key);
     let hcrc = crc32c::crc32c_append(crc32c::crc32c_append(salt, &out[start + 12..start + HEADER_LEN]), key);
-    out[start + 8..start + 12].copy_from_slice(&hcrc.to_le_bytes());
-    out.extend_from_slice(meta);
+    (&mut out[start + 8..start + 12]).put_u32_le(hcrc);
+    out.put_slice(meta);
     let prefix_crc = crc32c::crc32c_append(salt, &out[start + 8..]);
     let crc = crc32c_combine(prefix_crc, value_crc, value_len as u64);
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    (&mut out[start + 4..start + 8]).put_u32_le(crc);
 }
 
 /// Reflected CRC-32C (Castagnoli) polynomial.
@@ -203,16 +205,6 @@ pub fn value_crc(buf: &[u8], h: &Header, salt: u32) -> u32 {
     h.crc ^ mul_mod_p(x_pow_8n(h.value_len as u64), prefix_crc)
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
-}
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
-}
-
 /// Decodes and verifies the header and key at the start of `buf`.
 ///
 /// Needs `HEADER_LEN + key_len` bytes; returns `Short` when `buf` has fewer. `salt` is the
@@ -221,19 +213,17 @@ pub fn decode_header(buf: &[u8], salt: u32) -> Result<Header, DecodeError> {
     if buf.len() < HEADER_LEN {
         return Err(DecodeError::Short);
     }
-    if u32_at(buf, 0) != MAGIC {
+    let mut r = buf;
+    if r.get_u32_le() != MAGIC {
         return Err(DecodeError::BadMagic);
     }
-    let h = Header {
-        flags: u16_at(buf, 12),
-        key_len: u16_at(buf, 14),
-        value_len: u32_at(buf, 16),
-        meta_len: u16_at(buf, 20),
-        generation: u32_at(buf, 24),
-        stored_ms: u64_at(buf, 32),
-        expiry_ms: u64_at(buf, 40),
-        crc: u32_at(buf, 4),
-    };
+    let (crc, hcrc) = (r.get_u32_le(), r.get_u32_le());
+    let (flags, key_len, value_len, meta_len) = (r.get_u16_le(), r.get_u16_le(), r.get_u32_le(), r.get_u16_le());
+    r.advance(2); // reserved
+    let generation = r.get_u32_le();
+    r.advance(4); // the metadata's checksum, checked by `decode_prefix`
+    let (stored_ms, expiry_ms) = (r.get_u64_le(), r.get_u64_le());
+    let h = Header { flags, key_len, value_len, meta_len, generation, stored_ms, expiry_ms, crc };
     let key_end = HEADER_LEN + h.key_len as usize;
     if h.key_len as usize > MAX_KEY_LEN || h.meta_len as usize > MAX_META_LEN {
         return Err(DecodeError::BadHeader);
@@ -241,8 +231,7 @@ pub fn decode_header(buf: &[u8], salt: u32) -> Result<Header, DecodeError> {
     if buf.len() < key_end {
         return Err(DecodeError::Short);
     }
-    let hcrc = crc32c::crc32c_append(crc32c::crc32c_append(salt, &buf[12..HEADER_LEN]), &buf[HEADER_LEN..key_end]);
-    if hcrc != u32_at(buf, 8) {
+    if hcrc != crc32c::crc32c_append(crc32c::crc32c_append(salt, &buf[12..HEADER_LEN]), &buf[HEADER_LEN..key_end]) {
         return Err(DecodeError::BadHeader);
     }
     Ok(h)
@@ -260,7 +249,7 @@ pub fn decode_prefix(buf: &[u8], salt: u32) -> Result<(Header, &[u8]), DecodeErr
     }
     let meta = &buf[key_end..meta_end];
     let want = if meta.is_empty() { 0 } else { crc32c::crc32c_append(salt, meta) };
-    if u32_at(buf, 28) != want {
+    if (&buf[28..32]).get_u32_le() != want {
         return Err(DecodeError::BadBody);
     }
     Ok((h, meta))
@@ -286,7 +275,7 @@ pub fn decode(buf: &[u8], salt: u32) -> Result<RecordRef<'_>, DecodeError> {
     if buf.len() < len {
         return Err(DecodeError::Short);
     }
-    if crc32c::crc32c_append(salt, &buf[8..len]) != u32_at(buf, 4) {
+    if crc32c::crc32c_append(salt, &buf[8..len]) != header.crc {
         return Err(DecodeError::BadBody);
     }
     let key_end = HEADER_LEN + header.key_len as usize;

@@ -5,6 +5,7 @@
 //! is reused) and its **sequence** (a store-wide counter of volume activations, which orders
 //! the volumes oldest to newest at recovery). Records follow the header, 8-byte aligned.
 
+use bytes::{Buf, BufMut};
 use std::path::{Path, PathBuf};
 
 /// Volume file format version written by this build.
@@ -33,38 +34,27 @@ pub struct VolumeHeader {
 impl VolumeHeader {
     /// Encodes to the 64-byte on-disk form.
     pub fn encode(&self) -> [u8; VOLUME_HEADER_LEN as usize] {
-        let mut b = [0u8; VOLUME_HEADER_LEN as usize];
-        b[0..8].copy_from_slice(MAGIC);
-        b[8..12].copy_from_slice(&VOLUME_VERSION.to_le_bytes());
-        b[12..16].copy_from_slice(&self.slot.to_le_bytes());
-        b[16..20].copy_from_slice(&self.generation.to_le_bytes());
-        b[20..24].copy_from_slice(&self.salt.to_le_bytes());
-        b[24..32].copy_from_slice(&self.sequence.to_le_bytes());
-        b[32..40].copy_from_slice(&self.created_ms.to_le_bytes());
-        b[40..56].copy_from_slice(&self.dir_id);
-        let crc = crc32c::crc32c(&b[..60]);
-        b[60..64].copy_from_slice(&crc.to_le_bytes());
-        b
+        super::seal_block(MAGIC, VOLUME_VERSION, |w| {
+            w.put_u32_le(self.slot);
+            w.put_u32_le(self.generation);
+            w.put_u32_le(self.salt);
+            w.put_u64_le(self.sequence);
+            w.put_u64_le(self.created_ms);
+            w.put_slice(&self.dir_id);
+        })
     }
 
     /// Decodes and verifies; `None` for anything that is not a sound volume header.
     pub fn decode(b: &[u8]) -> Option<VolumeHeader> {
-        if b.len() < VOLUME_HEADER_LEN as usize || &b[0..8] != MAGIC {
+        let (version, mut r) = super::open_block(b, MAGIC)?;
+        if version != VOLUME_VERSION {
             return None;
         }
-        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
-        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-        if crc32c::crc32c(&b[..60]) != u32_at(60) || u32_at(8) != VOLUME_VERSION {
-            return None;
-        }
-        Some(VolumeHeader {
-            slot: u32_at(12),
-            generation: u32_at(16),
-            sequence: u64_at(24),
-            salt: u32_at(20),
-            created_ms: u64_at(32),
-            dir_id: b[40..56].try_into().unwrap(),
-        })
+        let (slot, generation, salt) = (r.get_u32_le(), r.get_u32_le(), r.get_u32_le());
+        let (sequence, created_ms) = (r.get_u64_le(), r.get_u64_le());
+        let mut dir_id = [0u8; 16];
+        r.copy_to_slice(&mut dir_id);
+        Some(VolumeHeader { slot, generation, sequence, salt, created_ms, dir_id })
     }
 }
 
