@@ -67,7 +67,7 @@ pub struct Manifest {
     pub epoch: u64,
     /// The data directories, as the slot table refers to them.
     pub dirs: Vec<DirEntry>,
-    /// One entry per ring slot (at most `volume_count`; missing ones are [`SlotEntry::NONE`]).
+    /// One entry per ring slot (at most `volume_count`; missing ones are `SlotEntry::NONE`: no directory).
     pub slots: Vec<SlotEntry>,
 }
 

@@ -1,7 +1,7 @@
 //! Fault injection for tests: make chosen I/O operations under a data directory fail, and
 //! simulate a power cut by undoing every change that was not made durable.
 //!
-//! [`FaultyFile`], the I/O layer's second implementation of [`FileIo`], exists only with the
+//! `FaultyFile`, the I/O layer's second implementation of `FileIo`, exists only with the
 //! cargo feature `faults`, so a production build pays nothing; without it [`inject`] and
 //! [`track`] refuse. Test builds turn the feature on through dev-dependencies. A file is tied
 //! to its directory's state once, when it is opened; each operation then applies the first
