@@ -16,8 +16,8 @@
 //! ```
 //!
 //! The modules form layers, each using only those listed before it (docs/ARCHITECTURE.md;
-//! `tests/architecture.rs` keeps it so): `error`, `types`, `config`, `clock`, `stats`,
-//! `pause`; `format`; `io`; `index`; `disk`; `recovery`; `memory`; `maintenance`; `store`;
+//! `tests/architecture.rs` keeps it so): `error`, `pause`; `types`, `config`, `clock`,
+//! `stats`; `format`; `io`; `index`; `disk`; `recovery`; `memory`; `maintenance`; `store`;
 //! `check`.
 
 mod clock;

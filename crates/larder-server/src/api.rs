@@ -207,7 +207,7 @@ fn too_large(limit: u64) -> Resp {
 
 /// Runs a write that has to wait (for the writer lock, a ring rotation truncating a volume,
 /// or a group-commit fdatasync) on the blocking pool, so that it never stalls the async
-/// workers serving GETs. The common case runs inline through `try_put`/`try_delete`.
+/// workers serving GETs. The common case runs inline, as a `nonblocking` put or delete.
 async fn blocking<T: Send + 'static>(
     app: &Arc<App>,
     f: impl FnOnce(&Store) -> larder_engine::Result<T> + Send + 'static,

@@ -156,6 +156,8 @@ struct Dir {
     logs: HashMap<PathBuf, Log>,
     /// After a power cut every operation fails: the process is "dead" until [`clear`].
     dead: bool,
+    /// Raised by [`clear`]: an operation that began before it must not count in the new logs.
+    epoch: u64,
 }
 
 /// A directory's state, shared by every file opened in it.
@@ -177,6 +179,9 @@ impl DirCell {
 /// Every directory a file was opened in or a rule was given for (canonical paths). Entries
 /// stay (cleared, not removed), so that files opened before a rule is injected see it.
 static DIRS: Mutex<Vec<(PathBuf, Arc<DirCell>)>> = Mutex::new(Vec::new());
+/// Set once any rule or tracking was asked for: until then the looks by path (directory
+/// syncs, free space) skip the registry.
+static ARMED: AtomicBool = AtomicBool::new(false);
 /// Held shared by every hooked operation across its system call and exclusively by a power
 /// cut, so no write slips in between the undo and the "death".
 static CUT: RwLock<()> = RwLock::new(());
@@ -196,21 +201,18 @@ fn cell(dir: &Path) -> Arc<DirCell> {
     d
 }
 
-/// The state of the registered directory holding `path` (or being it), if any.
-fn cell_holding(path: &Path) -> Option<Arc<DirCell>> {
-    let path = path.canonicalize().ok()?;
-    let dirs = DIRS.lock();
-    dirs.iter()
-        .filter(|(dir, _)| path.starts_with(dir))
-        .max_by_key(|(dir, _)| dir.as_os_str().len())
-        .map(|x| x.1.clone())
+/// The state of the directory `dir` (canonical), if one was made.
+fn cell_of(dir: &Path) -> Option<Arc<DirCell>> {
+    DIRS.lock().iter().find(|(p, _)| p == dir).map(|x| x.1.clone())
 }
 
-/// Adds a fault for files under `dir`.
+/// Adds a fault for the files in `dir` (not in its subdirectories: larder's data directories
+/// are flat) and for syncs and free-space looks of `dir` itself.
 pub fn inject(dir: &Path, rule: Rule) -> io::Result<()> {
     if !available() {
         return Err(unavailable());
     }
+    ARMED.store(true, Ordering::Release);
     cell(&dir.canonicalize()?).update(|d| d.rules.push(rule));
     Ok(())
 }
@@ -218,18 +220,18 @@ pub fn inject(dir: &Path, rule: Rule) -> io::Result<()> {
 /// Removes every fault and all tracking of `dir`, and revives it after a power cut.
 pub fn clear(dir: &Path) {
     let Ok(dir) = dir.canonicalize() else { return };
-    let found = DIRS.lock().iter().find(|(p, _)| *p == dir).map(|x| x.1.clone());
-    if let Some(c) = found {
-        c.update(|d| *d = Dir::default());
+    if let Some(c) = cell_of(&dir) {
+        c.update(|d| *d = Dir { epoch: d.epoch + 1, ..Dir::default() });
     }
 }
 
-/// Starts logging changes to files under `dir`, for [`power_cut`]. Call it before the store
+/// Starts logging changes to the files in `dir`, for [`power_cut`]. Call it before the store
 /// is opened: files are taken as durable as they are now.
 pub fn track(dir: &Path) -> io::Result<()> {
     if !available() {
         return Err(unavailable());
     }
+    ARMED.store(true, Ordering::Release);
     cell(&dir.canonicalize()?).update(|d| d.tracking = true);
     Ok(())
 }
@@ -239,9 +241,8 @@ pub fn track(dir: &Path) -> io::Result<()> {
 /// change it any more. Drop that store, clear, and reopen to see what recovery makes of it.
 pub fn power_cut(dir: &Path) -> io::Result<CutReport> {
     use std::os::unix::fs::FileExt;
-    let dir = dir.canonicalize()?;
-    let c = DIRS.lock().iter().find(|(p, _)| *p == dir).map(|x| x.1.clone());
-    let c = c.filter(|c| c.state.lock().tracking).ok_or_else(|| io::Error::other("the directory is not tracked"))?;
+    let c = cell_of(&dir.canonicalize()?).ok_or_else(|| io::Error::other("the directory is not tracked"))?;
+    ARMED.store(true, Ordering::Release);
     let _cut = CUT.write();
     c.active.store(true, Ordering::Release);
     let mut d = c.state.lock();
@@ -360,7 +361,7 @@ pub(crate) struct Hook {
     pub verdict: Verdict,
     /// For a logged change: counted complete when dropped. For a sync: how many changes
     /// were complete when it started, made durable by [`Hook::synced`].
-    log: Option<(Arc<DirCell>, PathBuf, Pending)>,
+    log: Option<(Arc<DirCell>, PathBuf, Pending, u64)>,
     _cut: Option<parking_lot::RwLockReadGuard<'static, ()>>,
 }
 
@@ -392,9 +393,10 @@ impl Hook {
 
     /// The sync this hook guarded succeeded: the changes complete before it are durable.
     pub(crate) fn synced(mut self) {
-        if let Some((d, path, Pending::Sync(n))) = self.log.take() {
+        if let Some((d, path, Pending::Sync(n), epoch)) = self.log.take() {
             let mut d = d.state.lock();
-            if let Some(log) = d.logs.get_mut(&path) {
+            let current = d.epoch == epoch;
+            if let Some(log) = d.logs.get_mut(&path).filter(|_| current) {
                 log.undo.drain(..n.min(log.undo.len()));
                 log.completed = log.completed.saturating_sub(n);
             }
@@ -405,8 +407,10 @@ impl Hook {
 impl Drop for Hook {
     fn drop(&mut self) {
         // Runs before the power-cut guard is released (fields drop after this).
-        if let Some((d, path, Pending::Change)) = self.log.take() {
-            if let Some(log) = d.state.lock().logs.get_mut(&path) {
+        if let Some((d, path, Pending::Change, epoch)) = self.log.take() {
+            let mut d = d.state.lock();
+            let current = d.epoch == epoch;
+            if let Some(log) = d.logs.get_mut(&path).filter(|_| current) {
                 log.completed += 1;
             }
         }
@@ -444,8 +448,9 @@ impl FaultyFile {
             (Op::Sync, Verdict::Proceed) => dir.logs.get(&self.path).map(|l| Pending::Sync(l.completed)),
             _ => None,
         };
+        let epoch = dir.epoch;
         drop(dir);
-        Hook { verdict, log: pending.map(|p| (self.dir.clone(), self.path.clone(), p)), _cut: Some(cut) }
+        Hook { verdict, log: pending.map(|p| (self.dir.clone(), self.path.clone(), p, epoch)), _cut: Some(cut) }
     }
 
     /// Before writing `len` bytes at `offset` (`set_len` is `Some(new_len)` for a length
@@ -474,8 +479,13 @@ impl FaultyFile {
             };
             dir.logs.entry(self.path.clone()).or_default().undo.push(undo);
         }
+        let epoch = dir.epoch;
         drop(dir);
-        Hook { verdict, log: logged.then(|| (self.dir.clone(), self.path.clone(), Pending::Change)), _cut: Some(cut) }
+        Hook {
+            verdict,
+            log: logged.then(|| (self.dir.clone(), self.path.clone(), Pending::Change, epoch)),
+            _cut: Some(cut),
+        }
     }
 
     fn sync(&self, f: impl FnOnce(&File) -> io::Result<()>) -> io::Result<()> {
@@ -548,26 +558,32 @@ impl FileIo for FaultyFile {
     }
 }
 
-/// Before a sync of the directory `dir` (which has no open file here): its rules apply.
-pub(crate) fn before_dir_sync(dir: &Path) -> io::Result<()> {
-    let Some(c) = cell_holding(dir) else { return Ok(()) };
-    if !c.active.load(Ordering::Acquire) {
-        return Ok(());
+/// Before a sync of the directory `dir` (opened just for it): its rules apply, looked up by
+/// path (directory syncs are rare). The guard holds off a power cut until the sync is done.
+pub(crate) fn before_dir_sync(dir: &Path) -> io::Result<Hook> {
+    if !ARMED.load(Ordering::Acquire) {
+        return Ok(PASS);
     }
-    let _cut = CUT.read();
-    let verdict = c.state.lock().verdict(dir, Op::Sync, 0, false);
-    let mut hook = Hook { verdict, log: None, _cut: None };
-    hook.take_failure().map_or(Ok(()), Err)
+    let Ok(dir) = dir.canonicalize() else { return Ok(PASS) };
+    let Some(c) = cell_of(&dir).filter(|c| c.active.load(Ordering::Acquire)) else { return Ok(PASS) };
+    let cut = CUT.read();
+    let verdict = c.state.lock().verdict(&dir, Op::Sync, 0, false);
+    let mut hook = Hook { verdict, log: None, _cut: Some(cut) };
+    match hook.take_failure() {
+        Some(e) => Err(e),
+        None => Ok(hook),
+    }
 }
 
 /// Serves a read delay rule, if one applies, to a look at the file system under `path` that
 /// has no open file (its free space: a slow device stalls `statvfs` too). Only delays: other
 /// rules are left for the reads they were written for.
 pub(crate) fn delay_path(path: &Path) {
-    let Some(c) = cell_holding(path) else { return };
-    if !c.active.load(Ordering::Acquire) {
+    if !ARMED.load(Ordering::Acquire) {
         return;
     }
+    let Ok(path) = path.canonicalize() else { return };
+    let Some(c) = cell_of(&path).filter(|c| c.active.load(Ordering::Acquire)) else { return };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let delay = c.state.lock().rules.iter_mut().find_map(|r| match r.failure {
         Failure::Delay(ms) if r.op == Op::Read && r.count > 0 && name.contains(r.file.as_str()) => {

@@ -150,10 +150,11 @@ impl FileIo for File {
 
 /// Makes directory entries (creations, renames, removals) in `dir` durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    let f = File::open(dir)?;
     // A look-up by path, not through an open file: directories are synced rarely.
     #[cfg(feature = "faults")]
-    faults::before_dir_sync(dir)?;
-    File::open(dir)?.sync_all()
+    let _hook = faults::before_dir_sync(dir)?;
+    f.sync_all()
 }
 
 /// Replaces `path` with `bytes` atomically: temporary file, fsync, rename, directory fsync.

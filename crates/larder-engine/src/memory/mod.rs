@@ -155,7 +155,7 @@ impl Memory {
     /// Under the key's stripe lock: stores `offer` if `current()` holds, and otherwise drops
     /// the key, returning what it held. The store calls it after every write's change of a
     /// key's index entry and on expiry (with no offer), and to promote a value (see
-    /// `Shared::reconcile_memory`).
+    /// `Store::reconcile_memory`).
     pub fn reconcile(&self, hash: u64, key: &[u8], offer: Option<Cached>, current: impl FnOnce() -> bool) -> Settled {
         let _g = self.stripe(hash).lock();
         if let Some(value) = offer.filter(|_| current()) {
@@ -174,12 +174,12 @@ impl Memory {
         })
     }
 
-    /// (bytes charged, entries, capacity, keys tracked by admission)
     /// Drops `key`: the disk engine dropped it (the rule's `None` offer).
     pub fn forget(&self, hash: u64, key: &[u8]) {
         self.reconcile(hash, key, None, || false);
     }
 
+    /// (bytes charged, entries, capacity, keys tracked by admission)
     pub fn usage(&self) -> (u64, u64, u64, u64) {
         let (bytes, entries) = match &self.backend {
             Backend::Clock(c) => (c.weight(), c.len() as u64),

@@ -201,7 +201,7 @@ pub(crate) fn recover(ring: &Ring, hints_trusted: bool, progress: &RecoveryProgr
     // With a directory missing, any present volume may hold a value that a volume there
     // replaced or deleted, and the newest copy of the manifest (which would say what it held)
     // may be there too: every present volume stays on disk but out of the index until it
-    // returns. Volumes written meanwhile get later sequences (see `Shared::sequence_after`),
+    // returns. Volumes written meanwhile get later sequences (see `clock::sequence_after`),
     // so when it does, replaying by sequence puts every write in its place.
     let withhold_below = if ring.degraded { u64::MAX } else { 0 };
 

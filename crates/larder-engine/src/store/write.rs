@@ -260,7 +260,7 @@ impl Store {
     }
 
     /// Fails unless every precondition holds for the current value of `key`. Under the writer
-    /// lock; `indexed` as for [`Shared::current_version`].
+    /// lock; `indexed` as for [`Store::current_version`].
     fn check(&self, key: &[u8], preconditions: &[Precondition], indexed: Option<Version>) -> Result<()> {
         if preconditions.is_empty() {
             return Ok(());
