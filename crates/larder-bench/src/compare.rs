@@ -52,6 +52,40 @@ pub struct CompareArgs {
     /// Also replace the table between the compare markers in this file (BENCHMARKS.md).
     #[arg(long)]
     pub update: Option<PathBuf>,
+    /// Also run the large-value workloads (P64M, G64M, P1G, G1G; `--only` selects among them
+    /// too): values streamed over a few connections, throughput, CPU per GiB and peak RSS.
+    #[arg(long)]
+    pub large: bool,
+}
+
+/// A large-value workload: `conns` connections at once, each making `per_conn` requests.
+struct LargeSpec {
+    name: &'static str,
+    method: &'static str,
+    size: u64,
+    conns: usize,
+    per_conn: usize,
+}
+
+fn large_suite() -> Vec<LargeSpec> {
+    let s = |name, method, size, conns, per_conn| LargeSpec { name, method, size, conns, per_conn };
+    vec![
+        s("P64M", "PUT", 64 << 20, 4, 4),
+        s("G64M", "GET", 64 << 20, 4, 8),
+        s("P1G", "PUT", 1 << 30, 1, 2),
+        s("G1G", "GET", 1 << 30, 1, 3),
+    ]
+}
+
+/// One measured run of a large workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct LargeRun {
+    workload: String,
+    server: String,
+    round: usize,
+    mib_per_s: f64,
+    cpu_ms_per_gib: f64,
+    rss_growth_mib: f64,
 }
 
 /// One workload of the standard suite.
@@ -88,8 +122,8 @@ struct Server {
 }
 
 impl Server {
-    /// Server CPU time so far (the process and its children, e.g. nginx's worker), in µs.
-    fn cpu_us(&self) -> u64 {
+    /// The process and its children (nginx's worker).
+    fn pids(&self) -> Vec<u32> {
         let pid = self.child.id();
         let mut pids = vec![pid];
         if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
@@ -99,7 +133,12 @@ impl Server {
                 }
             }
         }
-        pids.iter().map(|p| proc_cpu_ticks(*p)).sum::<u64>() * 1_000_000 / clock_ticks()
+        pids
+    }
+
+    /// Server CPU time so far (the process and its children), in µs.
+    fn cpu_us(&self) -> u64 {
+        self.pids().iter().map(|p| proc_cpu_ticks(*p)).sum::<u64>() * 1_000_000 / clock_ticks()
     }
 }
 
@@ -377,6 +416,9 @@ fn run_in(a: &CompareArgs, dir: &Path, machine: &str) -> Result<(String, Vec<Run
         .into_iter()
         .filter(|s| a.only.is_empty() || a.only.iter().any(|o| o.eq_ignore_ascii_case(s.name)))
         .collect();
+    if specs.is_empty() && !a.large {
+        bail!("--only names no workload of the suite (the large ones need --large)");
+    }
     let scaled = |n: f64| ((n * a.scale).round() as u64).max(10);
     let set_keys = |set: &str| match set {
         "g4k" => scaled(100_000.0),
@@ -447,5 +489,104 @@ fn run_in(a: &CompareArgs, dir: &Path, machine: &str) -> Result<(String, Vec<Run
         a.rounds, a.duration, a.loader_core, a.server_core
     );
     md.push_str(&table(&pairs));
+    if a.large {
+        md.push_str(&run_large(a, &larder, &nginx)?);
+    }
     Ok((md, runs))
+}
+
+/// The large-value workloads, alternating the servers; returns their table.
+fn run_large(a: &CompareArgs, larder: &Server, nginx: &Server) -> Result<String> {
+    let specs: Vec<LargeSpec> = large_suite()
+        .into_iter()
+        .filter(|s| a.only.is_empty() || a.only.iter().any(|o| o.eq_ignore_ascii_case(s.name)))
+        .collect();
+    let set = |s: &LargeSpec| s.name.to_ascii_lowercase();
+    for s in specs.iter().filter(|s| s.method == "GET") {
+        for srv in [larder, nginx] {
+            eprintln!("preloading {} values of {} MiB into {}", s.conns, s.size >> 20, srv.name);
+            let paths = (0..s.conns).map(|c| vec![format!("/{}-{c}", set(s))]).collect();
+            crate::large::run(srv.port, "PUT", paths, s.size)?;
+        }
+    }
+    let mut runs: Vec<LargeRun> = Vec::new();
+    for s in &specs {
+        for round in 1..=a.rounds {
+            for srv in [larder, nginx] {
+                let paths: Vec<Vec<String>> = (0..s.conns)
+                    .map(|c| {
+                        (0..s.per_conn)
+                            .map(|i| match s.method {
+                                "PUT" => format!("/{}-r{round}-{c}-{i}", set(s)),
+                                _ => format!("/{}-{c}", set(s)),
+                            })
+                            .collect()
+                    })
+                    .collect();
+                // SAFETY: sync takes no arguments and cannot fail.
+                unsafe { libc::sync() };
+                let pids = srv.pids();
+                let base = crate::large::rss(&pids);
+                let done = std::sync::atomic::AtomicBool::new(false);
+                let (moved, peak) = std::thread::scope(|sc| {
+                    let sampler = sc.spawn(|| {
+                        let mut peak = base;
+                        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                            peak = peak.max(crate::large::rss(&pids));
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        peak
+                    });
+                    let cpu0 = srv.cpu_us();
+                    let moved = crate::large::run(srv.port, s.method, paths, s.size).map(|m| (m, srv.cpu_us() - cpu0));
+                    done.store(true, std::sync::atomic::Ordering::Relaxed);
+                    (moved, sampler.join().expect("the sampler panicked"))
+                });
+                let (m, cpu_us) = moved.with_context(|| format!("{} against {}", s.name, srv.name))?;
+                let gib = m.bytes as f64 / (1u64 << 30) as f64;
+                let run = LargeRun {
+                    workload: s.name.into(),
+                    server: srv.name.into(),
+                    round,
+                    mib_per_s: m.bytes as f64 / (1 << 20) as f64 / m.secs,
+                    cpu_ms_per_gib: cpu_us as f64 / 1000.0 / gib,
+                    rss_growth_mib: peak.saturating_sub(base) as f64 / (1 << 20) as f64,
+                };
+                eprintln!(
+                    "{:<5} round {round} {:<6} {:>7.0} MiB/s  cpu {:>6.0} ms/GiB  rss +{:.0} MiB  ({} requests)",
+                    s.name, srv.name, run.mib_per_s, run.cpu_ms_per_gib, run.rss_growth_mib, m.requests
+                );
+                runs.push(run);
+            }
+        }
+    }
+    let mut md = String::from(
+        "\nLarge values (each row: median of the rounds; connections × requests per connection in brackets):\n\n| workload | larder MiB/s (min–max) | nginx MiB/s (min–max) | larder/nginx | server CPU ms per GiB larder / nginx | peak RSS growth MiB larder / nginx |\n|---|---|---|---|---|---|\n",
+    );
+    for s in &specs {
+        let pick = |server: &str, f: fn(&LargeRun) -> f64| -> Vec<f64> {
+            runs.iter().filter(|r| r.workload == s.name && r.server == server).map(f).collect()
+        };
+        let (l, n) = (pick("larder", |r| r.mib_per_s), pick("nginx", |r| r.mib_per_s));
+        let lo = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+        md.push_str(&format!(
+            "| {} ({}×{}) | {:.0} ({:.0}–{:.0}) | {:.0} ({:.0}–{:.0}) | {:.2} | {:.0} / {:.0} | {:.0} / {:.0} |\n",
+            s.name,
+            s.conns,
+            s.per_conn,
+            median(l.clone()),
+            lo(&l),
+            hi(&l),
+            median(n.clone()),
+            lo(&n),
+            hi(&n),
+            median(l.clone()) / median(n.clone()).max(1e-9),
+            median(pick("larder", |r| r.cpu_ms_per_gib)),
+            median(pick("nginx", |r| r.cpu_ms_per_gib)),
+            median(pick("larder", |r| r.rss_growth_mib)),
+            median(pick("nginx", |r| r.rss_growth_mib)),
+        ));
+    }
+    Ok(md)
 }

@@ -4,13 +4,15 @@
 //! - `engine`: larder's engine in-process, optionally side by side with foyer's HybridCache.
 //! - `memory`: the in-memory cache crates considered for the memory tier, side by side.
 //! - `hitratio`: larder's engine as a read-through cache under zipf: hit ratio per tier.
-//! - `compare`: starts larder and nginx, runs the standard suite against both, alternating.
+//! - `compare`: starts larder and nginx, runs the standard suite against both, alternating
+//!   (with `--large`, also values of 64 MiB and 1 GiB, streamed).
 
 mod compare;
 mod engine;
 mod foyer_kv;
 mod hitratio;
 mod http;
+mod large;
 mod memory;
 mod report;
 mod workload;

@@ -236,8 +236,8 @@ fn check_volume(
         torn_tail_possible: is_active,
     };
     let outcome = scan_volume(file, range, |ev| {
-        if let Some(seed) = seed {
-            compare(ev.offset(), ev.hint_entry(xxhash_rust::xxh3::xxh3_64_with_seed(ev.key(), seed)));
+        if let Some(entry) = seed.and_then(|seed| ev.hint_entry(xxhash_rust::xxh3::xxh3_64_with_seed(ev.key(), seed))) {
+            compare(ev.offset(), entry);
         }
         match ev {
             ScanEvent::Valid { offset, header, .. } => {

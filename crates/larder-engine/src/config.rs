@@ -29,6 +29,9 @@ pub struct StoreConfig {
     pub volume_count: u32,
     /// Largest value accepted, in bytes.
     pub max_value_size: u64,
+    /// Values longer than this are stored as chunk records of this size behind a head record
+    /// (see `format::large`); shorter ones as one record.
+    pub chunk_size: u64,
     /// Durability policy.
     pub fsync: FsyncPolicy,
     /// The memory tier in front of the volumes.
@@ -49,6 +52,7 @@ impl StoreConfig {
             volume_size: 1 << 30,
             volume_count: 16,
             max_value_size: 1 << 20,
+            chunk_size: 1 << 20,
             fsync: FsyncPolicy::Every(Duration::from_secs(1)),
             memory: MemoryConfig::default(),
             reinsert_min_hits: 1,
@@ -119,6 +123,9 @@ pub struct MemoryConfig {
     pub promote_window: Duration,
     /// Whether PUT also stores the value in memory (otherwise it only invalidates).
     pub on_put: bool,
+    /// The largest value memory takes, in bytes; 0 = the chunk size. Never more than the
+    /// chunk size: a longer value is a large value, read in pieces, never held whole.
+    pub max_value: u64,
 }
 
 impl Default for MemoryConfig {
@@ -129,6 +136,7 @@ impl Default for MemoryConfig {
             promote_after: 2,
             promote_window: Duration::from_secs(60),
             on_put: false,
+            max_value: 0,
         }
     }
 }

@@ -52,7 +52,7 @@ pub use format::meta::MAX_CONTENT_TYPE;
 pub use format::record::MAX_KEY_LEN;
 pub use io::{faults, FileIo};
 pub use stats::{DirState, DirStats, RecoveryProgress, RecoveryReport, Stats};
-pub use store::Store;
+pub use store::{Store, ValueReader, ValueWriter};
 pub use types::{
     unmet, ByteRange, DeleteOptions, Part, Position, Precondition, PutOptions, ReadOptions, Stored, Tier, Value,
     Version,

@@ -73,6 +73,10 @@ pub struct Stats {
     pub sync_failures: u64,
     /// Reads that failed with an I/O error (answered as unavailable, not as a miss).
     pub read_failures: u64,
+    /// Bytes of dead large values' chunks given back to the file system (holes punched).
+    pub punched_bytes: u64,
+    /// Bytes of disk the volume files occupy (less than `bytes_used` where holes were punched).
+    pub allocated_bytes: u64,
     /// What the last recovery found.
     pub recovery: RecoveryReport,
     /// Opened without a data directory that held volumes (or with volumes withheld).
@@ -144,6 +148,7 @@ pub(crate) struct Counters {
     pub write_failures: AtomicU64,
     pub sync_failures: AtomicU64,
     pub read_failures: AtomicU64,
+    pub punched_bytes: AtomicU64,
 }
 
 /// Figures from a recovery, reported in stats.

@@ -63,7 +63,9 @@ pub fn unmet(preconditions: &[Precondition], current: Option<Version>) -> Option
 /// How to read a value; `Default` reads the whole value and may block.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReadOptions {
-    /// Which bytes to return. Partial reads are not shared between threads and do not count
+    /// Which bytes to return. A part of a large value longer than one chunk is not gathered
+    /// in memory: `get` fails with `ErrorKind::TooLarge`, and `Store::reader` reads it in
+    /// pieces. Partial reads are not shared between threads and do not count
     /// towards promotion to memory (memory holds whole values); a range read counts towards
     /// reinsertion; `Part::Nothing` does not count as a hit or a miss.
     pub part: Part,

@@ -153,3 +153,19 @@ fn memory_on_put_and_memory_off() {
     let s = store.stats();
     assert_eq!((s.memory_hits, s.memory_capacity, s.promotions), (0, 0, 0));
 }
+
+#[test]
+fn memory_takes_no_value_above_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = MemoryConfig { capacity: 64 << 20, promote_after: 1, max_value: 1000, ..MemoryConfig::default() };
+    let store = Store::open(StoreConfig { memory, ..config(dir.path(), 0, 0) }).unwrap();
+    let opts = ReadOptions::default();
+    store.put(b"small", &[1u8; 1000], &PutOptions::default()).unwrap();
+    store.put(b"over", &[2u8; 1001], &PutOptions::default()).unwrap();
+    for _ in 0..3 {
+        store.get(b"small", &opts).unwrap().unwrap();
+        store.get(b"over", &opts).unwrap().unwrap();
+    }
+    assert_eq!(store.get(b"small", &opts).unwrap().unwrap().tier, Tier::Memory);
+    assert_eq!(store.get(b"over", &opts).unwrap().unwrap().tier, Tier::Disk, "a value over the limit entered memory");
+}

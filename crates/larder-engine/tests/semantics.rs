@@ -13,6 +13,9 @@ fn config(dir: &Path, memory: u64) -> StoreConfig {
         volume_size: 8 << 20,
         volume_count: 4,
         max_value_size: 4 << 20,
+        // Values up to 4 MiB stay one record here: these tests are about one record's blocks
+        // (chunked values have tests/large.rs).
+        chunk_size: 4 << 20,
         fsync: FsyncPolicy::Never,
         memory: MemoryConfig { capacity: memory, promote_after: 1, ..MemoryConfig::default() },
         ..StoreConfig::new(dir)

@@ -2,9 +2,9 @@
 //! opens), Prometheus metrics, the JSON stats, and the fault injection of test builds.
 
 use crate::app::App;
-use crate::reply::{method_not_allowed, text, text_owned, Resp};
+use crate::reply::{method_not_allowed, text, text_owned, Body, Resp};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
@@ -108,7 +108,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
         },
         b"metrics" => {
             let stats = stats(app).await;
-            let mut r = Response::new(Full::new(Bytes::from(app.metrics.render(stats.as_ref()))));
+            let mut r = Response::new(Body::full(Bytes::from(app.metrics.render(stats.as_ref()))));
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
             r
         }
@@ -157,6 +157,8 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
                 "write_failures": s.write_failures,
                 "sync_failures": s.sync_failures,
                 "read_failures": s.read_failures,
+                "punched_bytes": s.punched_bytes,
+                "allocated_bytes": s.allocated_bytes,
                 "degraded": s.degraded,
                 "dirs": s.dirs.iter().map(|d| serde_json::json!({
                     "path": d.path.display().to_string(),
@@ -179,7 +181,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
                     "millis": s.recovery.millis,
                 },
             });
-            let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+            let mut r = Response::new(Body::full(Bytes::from(body.to_string())));
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             r
         }

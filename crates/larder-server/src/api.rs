@@ -4,9 +4,9 @@
 use crate::app::{App, BodyBudget, Held, Holding};
 use crate::config::Settings;
 use crate::headers;
-use crate::reply::{text, text_owned, Resp};
-use bytes::{Bytes, BytesMut};
-use http_body_util::{BodyExt, Full};
+use crate::reply::{text, text_owned, Body, Resp};
+use bytes::Bytes;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{
     HeaderMap, HeaderValue, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG,
@@ -14,7 +14,8 @@ use hyper::header::{
 };
 use hyper::{Request, Response, StatusCode};
 use larder_engine::{
-    now_ms, DeleteOptions, ErrorKind, Part, Precondition, PutOptions, ReadOptions, Store, Tier, Value, MAX_CONTENT_TYPE,
+    now_ms, DeleteOptions, ErrorKind, Part, Precondition, PutOptions, ReadOptions, Store, Tier, Value, ValueReader,
+    MAX_CONTENT_TYPE,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -69,6 +70,77 @@ async fn read(app: &Arc<App>, store: &Store, key: &[u8], part: Part) -> larder_e
     }
 }
 
+/// What a GET read: the bytes, in memory; or a large value's part longer than a chunk, to be
+/// streamed piece by piece, so that no more than about a chunk of it is ever in memory.
+enum Read {
+    Value(Value),
+    Pieces(ValueReader),
+}
+
+impl Read {
+    fn value(&self) -> &Value {
+        match self {
+            Read::Value(v) => v,
+            Read::Pieces(r) => r.value(),
+        }
+    }
+}
+
+/// [`read`] for a GET's body: memory and page-cache hits inline; on the blocking pool, a large
+/// value (longer than a chunk) comes back as a reader.
+async fn read_body_of(app: &Arc<App>, store: &Store, key: &[u8], part: Part) -> larder_engine::Result<Option<Read>> {
+    let pieces = |key: Vec<u8>| blocking(app, move |store| Ok(store.reader(&key, part)?.map(Read::Pieces)));
+    match store.get(key, &ReadOptions { part, nonblocking: true }) {
+        Err(e) if e.kind() == ErrorKind::TooLarge => pieces(key.to_vec()).await,
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+            let k = key.to_vec();
+            match blocking(app, move |store| store.get(&k, &ReadOptions { part, nonblocking: false })).await {
+                Err(e) if e.kind() == ErrorKind::TooLarge => pieces(key.to_vec()).await,
+                found => found.map(|v| v.map(Read::Value)),
+            }
+        }
+        found => found.map(|v| v.map(Read::Value)),
+    }
+}
+
+/// The body of an answer carrying `len` bytes of what was read. A large value's pieces are
+/// read on the blocking pool, one task per piece, as the client takes them (one more waits in
+/// between): a slow client holds no thread. A piece that fails ends the body with an error,
+/// which closes the connection.
+fn body_of(read: Read, len: u64) -> Body {
+    match read {
+        Read::Value(v) => Body::full(v.data),
+        Read::Pieces(mut r) => {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tokio::spawn(async move {
+                loop {
+                    // Room for the piece first, so no piece is read for a client gone away.
+                    let Ok(permit) = tx.reserve().await else { break };
+                    let Ok((back, piece)) = tokio::task::spawn_blocking(move || {
+                        let piece = r.next_piece();
+                        (r, piece)
+                    })
+                    .await
+                    else {
+                        break;
+                    };
+                    r = back;
+                    match piece {
+                        Ok(Some(p)) => permit.send(Ok(p)),
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::error!(error = %e, "a large value failed while it was sent; the answer is cut short");
+                            permit.send(Err(e));
+                            break;
+                        }
+                    }
+                }
+            });
+            Body::Pieces { rx, left: len }
+        }
+    }
+}
+
 /// The headers every answer about a stored value carries (200, 206, 304, HEAD).
 fn describe(r: &mut Resp, v: &Value) {
     let h = r.headers_mut();
@@ -89,7 +161,11 @@ fn describe(r: &mut Resp, v: &Value) {
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 
 fn with_status(status: StatusCode, body: Bytes) -> Resp {
-    let mut r = Response::new(Full::new(body));
+    with_body(status, Body::full(body))
+}
+
+fn with_body(status: StatusCode, body: Body) -> Resp {
+    let mut r = Response::new(body);
     *r.status_mut() = status;
     // Room for describe()'s headers and hyper's own without growing the map.
     *r.headers_mut() = HeaderMap::with_capacity(12);
@@ -133,25 +209,31 @@ pub async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>,
     }
     let range = headers::range(req);
     let mut part = range.map_or(Part::Whole, Part::Range);
-    let mut v = match found(read(app, store, &key, part).await) {
+    let body_found = |r: larder_engine::Result<Option<Read>>| match r {
+        Ok(Some(v)) => Ok(v),
+        Ok(None) => Err(Box::new(text(StatusCode::NOT_FOUND, "not found\n"))),
+        Err(e) => Err(Box::new(engine_error(&e, Op::Read))),
+    };
+    let mut read = match body_found(read_body_of(app, store, &key, part).await) {
         Ok(v) => v,
         Err(r) => return *r,
     };
     // If-Range names the version a client already holds parts of: for any other, the whole
     // value. Checked on what was read, so a write between two reads cannot mix versions.
-    if part != Part::Whole && !headers::if_range_holds(req, &v) {
+    if part != Part::Whole && !headers::if_range_holds(req, read.value()) {
         part = Part::Whole;
-        v = match found(read(app, store, &key, part).await) {
+        read = match body_found(read_body_of(app, store, &key, part).await) {
             Ok(v) => v,
             Err(r) => return *r,
         };
     }
     // Checked on the bytes about to be sent, whichever read they came from.
-    if headers::read_precondition_failed(req, &v) {
+    if headers::read_precondition_failed(req, read.value()) {
         return failed();
     }
+    let v = read.value().clone();
     let Part::Range(range) = part else {
-        let mut r = with_status(StatusCode::OK, v.data.clone());
+        let mut r = with_body(StatusCode::OK, body_of(read, v.len));
         describe(&mut r, &v);
         return r;
     };
@@ -161,7 +243,7 @@ pub async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>,
         r.headers_mut().insert(CONTENT_RANGE, unsatisfied);
         return r;
     };
-    let mut r = with_status(StatusCode::PARTIAL_CONTENT, v.data.clone());
+    let mut r = with_body(StatusCode::PARTIAL_CONTENT, body_of(read, end - start));
     describe(&mut r, &v);
     let content_range = format!("bytes {}-{}/{}", start, end - 1, v.len);
     r.headers_mut().insert(CONTENT_RANGE, HeaderValue::try_from(content_range).expect("ASCII"));
@@ -174,31 +256,28 @@ enum BodyError {
     Broken(hyper::Error),
 }
 
-/// Reads the body, refusing as soon as it passes `limit` (nothing is buffered past it).
-async fn read_body(mut body: Incoming, limit: u64, expected: u64) -> Result<Bytes, BodyError> {
-    let mut first: Option<Bytes> = None;
-    let mut buf = BytesMut::new();
+/// Reads the body as the frames it came in (the store writes them with one vectored write:
+/// joining them cost a `memmove` and a fresh buffer's page faults per request), refusing as
+/// soon as it passes `limit` (nothing is buffered past it).
+async fn read_body(mut body: Incoming, limit: u64) -> Result<Vec<Bytes>, BodyError> {
+    let mut parts = Vec::new();
+    let mut have = 0u64;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(BodyError::Broken)?.into_data() else { continue };
-        let have = first.as_ref().map_or(0, |f| f.len()) + buf.len();
-        if (have + data.len()) as u64 > limit {
+        have += data.len() as u64;
+        if have > limit {
             return Err(BodyError::TooLarge);
         }
-        // The common case, the whole body in one frame, needs no copy.
-        match first.take() {
-            None if buf.is_empty() => first = Some(data),
-            f => {
-                if buf.is_empty() {
-                    buf.reserve(expected.min(limit) as usize);
-                }
-                if let Some(f) = f {
-                    buf.extend_from_slice(&f);
-                }
-                buf.extend_from_slice(&data);
-            }
+        if !data.is_empty() {
+            parts.push(data);
         }
     }
-    Ok(first.unwrap_or_else(|| buf.freeze()))
+    Ok(parts)
+}
+
+/// The slices of a body's frames, for [`Store::put_parts`].
+fn parts(body: &[Bytes]) -> Vec<&[u8]> {
+    body.iter().map(|p| &p[..]).collect()
 }
 
 fn too_large(limit: u64) -> Resp {
@@ -272,33 +351,45 @@ pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Opt
             return text_owned(StatusCode::PRECONDITION_FAILED, format!("precondition failed: {why}\n"));
         }
     }
-    let limit = app.settings.max_value_size;
+    // The store's own limit: it lowers a setting above a quarter of its ring.
+    let limit = app.store.get().expect("store is ready before writes are routed").config().max_value_size;
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
         return too_large(limit); // refused before a byte of the body is read
     }
+    // A body longer than a chunk (or of unknown length that may be) goes to disk chunk by
+    // chunk as it arrives, holding room for two chunks of it, not the whole.
+    let chunk = app.store.get().expect("store is ready before writes are routed").config().chunk_size;
+    let streamed = declared.is_none_or(|n| n > chunk) && limit > chunk;
     // Room for the body before a byte of it is read; a body of unknown length (chunked) gets
     // the largest it may be, and gives back what it did not use once it is in. One reservation
     // per request, so that requests never hold part of the budget while waiting for more.
     let holding = Holding::new(held.as_ref());
-    let mut room = app.body_budget.reserve(declared.unwrap_or(limit)).await;
+    let want = if streamed { declared.unwrap_or(limit).min(2 * chunk) } else { declared.unwrap_or(limit) };
+    let mut room = app.body_budget.reserve(want).await;
     drop(holding);
-    let body = match read_body(req.into_body(), limit, declared.unwrap_or(0)).await {
+    if streamed {
+        let result = put_streamed(app, req.into_body(), key, extra, limit).await;
+        drop(room);
+        return result.unwrap_or_else(|r| *r);
+    }
+    let (body, len) = match read_body(req.into_body(), limit).await {
         Ok(b) => {
-            let used = BodyBudget::charge(b.len() as u64).div_ceil(1024) as usize;
+            let len = b.iter().map(|p| p.len() as u64).sum::<u64>();
+            let used = BodyBudget::charge(len).div_ceil(1024) as usize;
             if let Some(unused) = room.num_permits().checked_sub(used).and_then(|n| room.split(n)) {
                 drop(unused);
             }
-            b
+            (b, len)
         }
         Err(BodyError::TooLarge) => return too_large(limit),
         Err(BodyError::Broken(e)) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
     };
-    app.metrics.bytes_in.fetch_add(body.len() as u64, Ordering::Relaxed);
+    app.metrics.bytes_in.fetch_add(len, Ordering::Relaxed);
     let store = app.store.get().expect("store is ready before writes are routed");
-    let result = match store.put(&key, &body, &PutOptions { nonblocking: true, ..extra.options() }) {
+    let result = match store.put_parts(&key, &parts(&body), &PutOptions { nonblocking: true, ..extra.options() }) {
         Err(e) if e.kind() == ErrorKind::WouldBlock => {
-            blocking(app, move |store| store.put(&key, &body, &extra.options())).await
+            blocking(app, move |store| store.put_parts(&key, &parts(&body), &extra.options())).await
         }
         done => done,
     };
@@ -312,6 +403,75 @@ pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Opt
             r
         }
         Err(e) => engine_error(&e, Op::Write),
+    }
+}
+
+/// A step of a streamed upload, from the connection to the writer.
+enum Piece {
+    Data(Bytes),
+    /// The body is complete: the value may be stored.
+    End,
+}
+
+/// Streams a body into the store: the connection hands its frames to a writer on the blocking
+/// pool (a few frames may wait in between); the value is stored only once the body is
+/// complete, so a client that goes away (or sends too much) leaves the key as it was.
+async fn put_streamed(
+    app: &Arc<App>,
+    mut body: Incoming,
+    key: Vec<u8>,
+    extra: PutHeaders,
+    limit: u64,
+) -> Result<Resp, Box<Resp>> {
+    // Frames are at most hyper's read buffer (about 400 KiB): with the writer's one pending
+    // chunk, an upload holds about two chunks.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Piece>(2);
+    // Spawned now, not when awaited: it must take frames while they are sent.
+    let app2 = app.clone();
+    let writing = tokio::task::spawn_blocking(move || {
+        let store = app2.store.get().expect("store is ready before writes are routed");
+        let mut w = store.writer(&key, &extra.options())?;
+        while let Some(piece) = rx.blocking_recv() {
+            match piece {
+                Piece::Data(d) => w.write(&d)?,
+                Piece::End => return w.finish().map(Some),
+            }
+        }
+        Ok(None) // the upload stopped short: nothing is stored
+    });
+    let mut received = 0u64;
+    let sent: Result<(), Resp> = loop {
+        match body.frame().await {
+            None => {
+                let _ = tx.send(Piece::End).await;
+                break Ok(());
+            }
+            Some(Err(e)) => break Err(text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n"))),
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else { continue };
+                received += data.len() as u64;
+                if received > limit {
+                    break Err(too_large(limit));
+                }
+                app.metrics.bytes_in.fetch_add(data.len() as u64, Ordering::Relaxed);
+                if tx.send(Piece::Data(data)).await.is_err() {
+                    break Ok(()); // the writer failed: its error is the answer
+                }
+            }
+        }
+    };
+    drop(tx);
+    let written = writing.await.expect("store call panicked");
+    sent.map_err(Box::new)?;
+    match written {
+        Ok(Some(stored)) => {
+            let mut r = text(StatusCode::OK, "stored\n");
+            r.headers_mut().insert(X_POSITION.clone(), position_value(stored.position));
+            r.headers_mut().insert(ETAG, headers::etag(stored.version));
+            Ok(r)
+        }
+        Ok(None) => Err(Box::new(text(StatusCode::BAD_REQUEST, "request body ended short\n"))),
+        Err(e) => Err(Box::new(engine_error(&e, Op::Write))),
     }
 }
 

@@ -9,7 +9,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use larder_engine::check::{self, CheckProgress, CheckReport};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -117,14 +117,15 @@ fn key_url(t: &Target, key: &str) -> String {
     format!("{}/{}", t.url.trim_end_matches('/'), utf8_percent_encode(key, KEY_ENCODE))
 }
 
-/// Sends a request; `Err` with the exit code when the server could not be reached.
-fn call(
+/// Sends a request, its body streamed from `body` if any; `Err` with the exit code when the
+/// server could not be reached.
+fn send(
     t: &Target,
     method: &str,
     url: &str,
     headers: &[(&str, String)],
-    body: Option<Vec<u8>>,
-) -> Result<(u16, Vec<u8>), i32> {
+    body: Option<ureq::SendBody<'_>>,
+) -> Result<ureq::http::Response<ureq::Body>, i32> {
     let mut req = ureq::http::Request::builder().method(method).uri(url);
     if let Some(token) = &t.token {
         req = req.header("Authorization", format!("Bearer {token}"));
@@ -137,14 +138,21 @@ fn call(
         Some(b) => agent.run(req.body(b).map_err(fail)?),
         None => agent.run(req.body(()).map_err(fail)?),
     };
-    let mut resp = sent.map_err(|e| fail(format!("{method} {url}: {e}")))?;
-    let status = resp.status().as_u16();
+    let resp = sent.map_err(|e| fail(format!("{method} {url}: {e}")))?;
     if t.verbose {
         eprintln!("{:?} {}", resp.version(), resp.status());
         for (k, v) in resp.headers() {
             eprintln!("{k}: {}", String::from_utf8_lossy(v.as_bytes()));
         }
     }
+    Ok(resp)
+}
+
+/// Sends a request without a body and reads the whole answer; `Err` with the exit code when
+/// the server could not be reached.
+fn call(t: &Target, method: &str, url: &str) -> Result<(u16, Vec<u8>), i32> {
+    let mut resp = send(t, method, url, &[], None)?;
+    let status = resp.status().as_u16();
     let body = resp
         .body_mut()
         .with_config()
@@ -163,48 +171,111 @@ fn answer(status: u16, body: &[u8]) -> i32 {
     1
 }
 
-/// `larder get`.
+/// Counts the bytes read through it and, on a terminal, shows how far it has come on stderr
+/// (at most ten times a second).
+struct Progress<R> {
+    inner: R,
+    done: u64,
+    total: Option<u64>,
+    shown: std::time::Instant,
+    on: bool,
+}
+
+impl<R> Progress<R> {
+    fn new(inner: R, total: Option<u64>) -> Progress<R> {
+        let on = std::io::stderr().is_terminal();
+        Progress { inner, done: 0, total, shown: std::time::Instant::now(), on }
+    }
+
+    fn show(&mut self, last: bool) {
+        if !self.on || (!last && self.shown.elapsed() < Duration::from_millis(100)) {
+            return;
+        }
+        self.shown = std::time::Instant::now();
+        let line = match self.total {
+            Some(t) if t > 0 => format!("{} of {} ({}%)", human_bytes(self.done), human_bytes(t), self.done * 100 / t),
+            _ => human_bytes(self.done),
+        };
+        eprint!("\r{line}  {}", if last { "\n" } else { "" });
+    }
+}
+
+impl<R: Read> Read for Progress<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.done += n as u64;
+        self.show(n == 0);
+        Ok(n)
+    }
+}
+
+/// `larder get`: the value is written as it arrives, so a value of any size takes little memory.
 pub fn get(a: GetArgs) -> i32 {
-    let (status, body) = match call(&a.target, "GET", &key_url(&a.target, &a.key), &[], None) {
+    let mut resp = match send(&a.target, "GET", &key_url(&a.target, &a.key), &[], None) {
         Ok(r) => r,
         Err(code) => return code,
     };
+    let status = resp.status().as_u16();
+    let total = resp.headers().get("content-length").and_then(|v| v.to_str().ok()?.parse().ok());
+    let mut body = Progress::new(resp.body_mut().with_config().limit(u64::MAX).reader(), total);
     if status != 200 {
-        return answer(status, &body);
+        let mut msg = Vec::new();
+        let _ = body.inner.read_to_end(&mut msg);
+        return answer(status, &msg);
     }
     let written = match &a.output {
-        Some(path) => std::fs::write(path, &body),
-        None => std::io::stdout().lock().write_all(&body),
+        Some(path) => write_whole(path, &mut body),
+        None => std::io::copy(&mut body, &mut std::io::stdout().lock()),
     };
-    written.map_or_else(|e| fail(format!("writing the value: {e}")), |_| 0)
+    // A value cut short (the server found a chunk damaged mid-answer) is an error here too.
+    written.map_or_else(|e| fail(format!("receiving the value: {e}")), |_| 0)
 }
 
-/// `larder put`.
+/// Writes what `body` yields to `path` through a temporary file beside it, renamed over `path`
+/// only once the whole value is in: a value cut short never leaves a partial file behind.
+fn write_whole(path: &std::path::Path, body: &mut impl Read) -> std::io::Result<u64> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    let n = std::io::copy(body, &mut tmp)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(n)
+}
+
+/// `larder put`: a file is sent as it is read, with its length; standard input as it comes
+/// (chunked), so a value of any size takes little memory.
 pub fn put(a: PutArgs) -> i32 {
-    let mut value = Vec::new();
-    let read = match a.file.as_ref().filter(|p| p.as_os_str() != "-") {
-        Some(path) => std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut value)),
-        None => std::io::stdin().lock().read_to_end(&mut value),
+    let (mut input, total): (Box<dyn Read>, Option<u64>) = match a.file.as_ref().filter(|p| p.as_os_str() != "-") {
+        Some(path) => match std::fs::File::open(path).and_then(|f| Ok((f.metadata()?.len(), f))) {
+            Ok((len, f)) => (Box::new(f), Some(len)),
+            Err(e) => return fail(format!("reading the value: {e}")),
+        },
+        None => (Box::new(std::io::stdin().lock()), None),
     };
-    if let Err(e) = read {
-        return fail(format!("reading the value: {e}"));
-    }
     let mut headers = Vec::new();
+    if let Some(len) = total {
+        headers.push(("Content-Length", len.to_string()));
+    }
     if let Some(ttl) = a.ttl {
         headers.push(("X-TTL", ttl.to_string()));
     }
     if let Some(ct) = &a.content_type {
         headers.push(("Content-Type", ct.clone()));
     }
-    match call(&a.target, "PUT", &key_url(&a.target, &a.key), &headers, Some(value)) {
-        Ok((status, body)) => answer(status, &body),
-        Err(code) => code,
-    }
+    let mut progress = Progress::new(&mut input, total);
+    let sent =
+        send(&a.target, "PUT", &key_url(&a.target, &a.key), &headers, Some(ureq::SendBody::from_reader(&mut progress)));
+    let mut resp = match sent {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let mut msg = Vec::new();
+    let _ = resp.body_mut().as_reader().read_to_end(&mut msg);
+    answer(resp.status().as_u16(), &msg)
 }
 
 /// `larder delete`.
 pub fn delete(a: DeleteArgs) -> i32 {
-    match call(&a.target, "DELETE", &key_url(&a.target, &a.key), &[], None) {
+    match call(&a.target, "DELETE", &key_url(&a.target, &a.key)) {
         Ok((status, body)) => answer(status, &body),
         Err(code) => code,
     }
@@ -213,7 +284,7 @@ pub fn delete(a: DeleteArgs) -> i32 {
 /// `larder stats`.
 pub fn stats(a: StatsArgs) -> i32 {
     let url = format!("{}/_larder/stats", a.target.url.trim_end_matches('/'));
-    let (status, body) = match call(&a.target, "GET", &url, &[], None) {
+    let (status, body) = match call(&a.target, "GET", &url) {
         Ok(r) => r,
         Err(code) => return code,
     };

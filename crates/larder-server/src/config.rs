@@ -87,9 +87,14 @@ pub struct ServeArgs {
     /// Volume files in the ring; disk use is at most volume-count x volume-size [default: 16].
     #[arg(long, value_name = "N")]
     pub volume_count: Option<u32>,
-    /// Largest value accepted; larger PUTs get 413 [default: 1MiB].
+    /// Largest value accepted; larger PUTs get 413. At most a quarter of the ring (larger
+    /// settings are lowered, with a warning) [default: 1GiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_value_size: Option<u64>,
+    /// Values longer than this are stored, streamed and read in chunks of this size; shorter
+    /// ones are one record [default: 1MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub chunk_size: Option<u64>,
     /// Bytes of request bodies held in memory at once, across all connections; past it
     /// requests wait for room before their bodies are read (backpressure) [default: 512MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -117,6 +122,10 @@ pub struct ServeArgs {
     /// Also store each PUT's value in memory (by default a PUT only invalidates memory).
     #[arg(long)]
     pub memory_on_put: bool,
+    /// The largest value the memory tier takes; larger ones are served from disk (never
+    /// more than --chunk-size) [default: the chunk size].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub memory_max_value: Option<u64>,
     /// Before the ring overwrites its oldest volume, copy forward the entries read from disk
     /// at least N times since written (0 to 3; 0 = plain FIFO) [default: 1].
     #[arg(long, value_name = "N")]
@@ -217,6 +226,7 @@ struct FileConfig {
     volume_size: Option<SizeValue>,
     volume_count: Option<u32>,
     max_value_size: Option<SizeValue>,
+    chunk_size: Option<SizeValue>,
     max_body_memory: Option<SizeValue>,
     fsync: Option<DurationOrWord>,
     memory_capacity: Option<SizeValue>,
@@ -224,6 +234,7 @@ struct FileConfig {
     promote_after: Option<u32>,
     promote_window: Option<DurationValue>,
     memory_on_put: Option<bool>,
+    memory_max_value: Option<SizeValue>,
     reinsert_min_hits: Option<u8>,
     default_ttl: Option<DurationValue>,
     slow_request: Option<DurationValue>,
@@ -263,6 +274,8 @@ pub struct Settings {
     pub volume_count: u32,
     /// Largest value accepted.
     pub max_value_size: u64,
+    /// Values longer than this are stored in chunks.
+    pub chunk_size: u64,
     /// Bytes of request bodies held in memory at once.
     pub max_body_memory: u64,
     /// Durability policy.
@@ -389,6 +402,7 @@ impl ServeArgs {
             promote_after: self.promote_after.or(file.promote_after).unwrap_or(2),
             promote_window: dur(self.promote_window, &file.promote_window, Duration::from_secs(60))?,
             on_put: self.memory_on_put || file.memory_on_put.unwrap_or(false),
+            max_value: size(self.memory_max_value, &file.memory_max_value, 0)?,
         };
         Ok(Settings {
             data_dir: if dirs.is_empty() { vec![PathBuf::from("./larder-data")] } else { dirs },
@@ -396,7 +410,8 @@ impl ServeArgs {
             listen: self.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:1234".parse().unwrap()),
             volume_size: size(self.volume_size, &file.volume_size, 1 << 30)?,
             volume_count: self.volume_count.or(file.volume_count).unwrap_or(16),
-            max_value_size: size(self.max_value_size, &file.max_value_size, 1 << 20)?,
+            max_value_size: size(self.max_value_size, &file.max_value_size, 1 << 30)?,
+            chunk_size: size(self.chunk_size, &file.chunk_size, 1 << 20)?,
             max_body_memory: size(self.max_body_memory, &file.max_body_memory, 512 << 20)?,
             fsync,
             memory,

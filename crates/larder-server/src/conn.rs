@@ -6,7 +6,6 @@
 use crate::app::{App, Held};
 use crate::routes::handle;
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -61,13 +60,13 @@ pub async fn coarse_clock() {
 
 /// A response body that tells the watchdog when hyper is done with it.
 struct AnswerBody {
-    inner: Full<Bytes>,
+    inner: crate::reply::Body,
     activity: Arc<Activity>,
 }
 
 impl hyper::body::Body for AnswerBody {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -82,6 +82,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                 volume_size: s.volume_size,
                 volume_count: s.volume_count,
                 max_value_size: s.max_value_size,
+                chunk_size: s.chunk_size,
                 fsync: s.fsync,
                 memory: s.memory.clone(),
                 reinsert_min_hits: s.reinsert_min_hits,

@@ -135,6 +135,8 @@ fn engine(s: &Stats) {
     counter!("larder_write_failures_total").absolute(s.write_failures);
     counter!("larder_sync_failures_total").absolute(s.sync_failures);
     counter!("larder_read_failures_total").absolute(s.read_failures);
+    counter!("larder_punched_bytes_total").absolute(s.punched_bytes);
+    gauge!("larder_allocated_bytes").set(s.allocated_bytes as f64);
     gauge!("larder_recovery_duration_seconds").set(s.recovery.millis as f64 / 1000.0);
 }
 
@@ -173,6 +175,12 @@ fn describe() {
     c!("larder_write_failures_total", "Records whose write failed.");
     c!("larder_sync_failures_total", "fdatasync calls that failed.");
     c!("larder_read_failures_total", "Reads that failed with an I/O error (answered 503).");
+    c!("larder_punched_bytes_total", Unit::Bytes, "Bytes of dead large values' chunks given back to the file system.");
+    g!(
+        "larder_allocated_bytes",
+        Unit::Bytes,
+        "Bytes of disk the volume files occupy (less than used where holes were punched)."
+    );
     g!("larder_ready", "1 when serving, 0 while recovering.");
     g!("larder_recovery_duration_seconds", Unit::Seconds, "Wall time of the last recovery.");
 }

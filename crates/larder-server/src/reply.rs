@@ -3,15 +3,73 @@
 
 use bytes::Bytes;
 use http_body_util::Full;
+use hyper::body::{Frame, SizeHint};
 use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
-/// Every answer: the whole body is in memory when the handler returns.
-pub type Resp = Response<Full<Bytes>>;
+/// Every answer.
+pub type Resp = Response<Body>;
+
+/// An answer's body: in memory when the handler returns, or a large value's verified pieces
+/// as a reader hands them over. A piece that fails (a chunk lost or damaged) ends the body
+/// with an error, and hyper closes the connection before the body is complete: the client
+/// sees a truncated answer, never wrong bytes.
+pub enum Body {
+    Full(Full<Bytes>),
+    Pieces { rx: tokio::sync::mpsc::Receiver<Result<Bytes, larder_engine::Error>>, left: u64 },
+}
+
+impl Body {
+    pub fn full(b: Bytes) -> Body {
+        Body::Full(Full::new(b))
+    }
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            Body::Full(f) => Pin::new(f).poll_frame(cx).map_err(|e| match e {}),
+            Body::Pieces { rx, left } => match rx.poll_recv(cx) {
+                // More than the answer's length is a fault of ours: end the body with an error
+                // rather than let hyper cut it and call the answer complete.
+                Poll::Ready(Some(Ok(b))) if b.len() as u64 > *left => {
+                    Poll::Ready(Some(Err("the value ran past its length".into())))
+                }
+                Poll::Ready(Some(Ok(b))) => {
+                    *left -= b.len() as u64;
+                    Poll::Ready(Some(Ok(Frame::data(b))))
+                }
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(None) if *left > 0 => Poll::Ready(Some(Err("the value ended short".into()))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Full(f) => f.is_end_stream(),
+            Body::Pieces { left, .. } => *left == 0,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Body::Full(f) => f.size_hint(),
+            Body::Pieces { left, .. } => SizeHint::with_exact(*left),
+        }
+    }
+}
 
 /// A plain-text answer of a fixed message.
 pub fn text(status: StatusCode, msg: &'static str) -> Resp {
-    let mut r = Response::new(Full::new(Bytes::from_static(msg.as_bytes())));
+    let mut r = Response::new(Body::full(Bytes::from_static(msg.as_bytes())));
     *r.status_mut() = status;
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     r
@@ -19,7 +77,7 @@ pub fn text(status: StatusCode, msg: &'static str) -> Resp {
 
 /// A plain-text answer of a message built for the request.
 pub fn text_owned(status: StatusCode, msg: String) -> Resp {
-    let mut r = Response::new(Full::new(Bytes::from(msg)));
+    let mut r = Response::new(Body::full(Bytes::from(msg)));
     *r.status_mut() = status;
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     r

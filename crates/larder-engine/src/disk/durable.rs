@@ -84,6 +84,17 @@ impl Disk {
         }
     }
 
+    /// Blocks until appends `first..=last` are durable: the sync that covered `last` succeeded
+    /// and none that covered an append in between failed (a later success does not vouch for
+    /// pages whose writeback failed). For a large value's chunks, with other writes among them.
+    pub fn durable_span(&self, first: u64, last: u64) -> Result<()> {
+        self.wait_durable(last)?;
+        if self.durable.lock().failed.iter().any(|&(after, through)| after < last && through >= first) {
+            return Err(Error::new(ErrorKind::Io, "fdatasync failed; a chunk of the value may not be durable"));
+        }
+        Ok(())
+    }
+
     /// fdatasyncs every volume written since the last sync; returns the append count covered.
     fn sync_now(&self) -> (u64, std::io::Result<()>) {
         let (target, mut slots, undo) = {

@@ -57,13 +57,14 @@ impl Writer {
 }
 
 /// A record to append: its header (the generation is set by the append), key, metadata
-/// block and value, with the value's CRC32C.
+/// block and value, with the value's CRC32C. The value comes in parts (as a request body
+/// arrives), written with the rest of the record by one vectored write, never joined.
 #[derive(Clone, Copy)]
 pub(crate) struct Append<'a> {
     pub header: Header,
     pub key: &'a [u8],
     pub meta: &'a [u8],
-    pub value: &'a [u8],
+    pub value: &'a [&'a [u8]],
     pub value_crc: u32,
 }
 
@@ -110,7 +111,7 @@ impl Disk {
             let Some(d) = self.ring.place(cursor) else { break };
             match self.create_volume(slot, d, generation, sequence, salt, created_ms) {
                 Ok(()) => {
-                    s.sequence.store(sequence, Ordering::Relaxed);
+                    s.sequence.store(sequence, Ordering::Release);
                     s.len.store(VOLUME_HEADER_LEN, Ordering::Relaxed);
                     return Ok(());
                 }
@@ -261,7 +262,8 @@ impl Disk {
         if w.closed {
             return Err(Error::new(ErrorKind::Io, "the store is closed"));
         }
-        let record_len = (HEADER_LEN + key.len() + meta.len() + value.len()) as u64;
+        let value_len: usize = value.iter().map(|p| p.len()).sum();
+        let record_len = (HEADER_LEN + key.len() + meta.len() + value_len) as u64;
         let padded = record::padded(record_len);
         // A volume in a directory that failed (a write or sync there did) takes no more
         // records when another directory can.
@@ -279,10 +281,19 @@ impl Disk {
         let header = Header { generation, ..header };
         let mut prefix = std::mem::take(&mut w.prefix);
         prefix.clear();
-        record::encode_prefix(&mut prefix, &header, key, meta, value.len(), value_crc, salt);
+        record::encode_prefix(&mut prefix, &header, key, meta, value_len, value_crc, salt);
         let pad = &ZEROS[..(padded - record_len) as usize];
         let file = self.ring.slots[slot].file().expect("active volume is open");
-        let res = file.write_all_vectored_at(&[&prefix, value, pad], w.offset);
+        let res = match value {
+            [one] => file.write_all_vectored_at(&[&prefix, one, pad], w.offset),
+            parts => {
+                let mut all = Vec::with_capacity(parts.len() + 2);
+                all.push(&prefix[..]);
+                all.extend_from_slice(parts);
+                all.push(pad);
+                file.write_all_vectored_at(&all, w.offset)
+            }
+        };
         w.prefix = prefix;
         // On failure the offset does not move and whatever part of the record reached the file
         // is cut off (best effort): the index never points at it, and recovery never meets it.

@@ -56,7 +56,68 @@ pub(crate) enum Job {
     Sweep,
     /// Saves the manifest (with one directory, its updates are not waited for).
     Manifest,
+    /// Frees the chunks of the large value whose head is at `head` (of the slot's whole
+    /// `generation`): it was replaced, deleted or found expired.
+    Punch {
+        head: Loc,
+        generation: u32,
+        /// The append count of the write that retired it: the punch waits until that write is
+        /// durable, so a crash never brings back a head whose chunks are holes.
+        after: u64,
+    },
 }
+
+/// The large values' heads on disk, by place (slot, the slot's whole generation, offset), so
+/// that the write replacing or deleting one knows to free its chunks: heads written since the
+/// store opened, and heads recovery met in scanned volumes and hint files (format 3).
+#[derive(Default)]
+pub(crate) struct Heads {
+    set: Mutex<std::collections::HashSet<(u16, u32, u64)>>,
+    /// How many: a store with no large value pays one atomic load per write.
+    count: std::sync::atomic::AtomicUsize,
+}
+
+impl Heads {
+    pub fn insert(&self, slot: u16, generation: u32, offset: u64) {
+        if self.set.lock().insert((slot, generation, offset)) {
+            self.count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the record there was a large value's head (and it is forgotten).
+    pub fn take(&self, slot: u16, generation: u32, offset: u64) -> bool {
+        if self.count.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let taken = self.set.lock().remove(&(slot, generation, offset));
+        if taken {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+        taken
+    }
+
+    pub fn contains(&self, slot: u16, generation: u32, offset: u64) -> bool {
+        self.set.lock().contains(&(slot, generation, offset))
+    }
+
+    /// Forgets the heads of volumes the ring has reused.
+    pub fn retain(&self, live: impl Fn(u16, u32) -> bool) {
+        let mut set = self.set.lock();
+        set.retain(|&(slot, generation, _)| live(slot, generation));
+        self.count.store(set.len(), Ordering::Relaxed);
+    }
+}
+
+/// Large values being read, by head place: how many readers, and the punch that waits for them
+/// (the head's index entry and the append count it waits for). A reader of a value that was
+/// replaced keeps its snapshot: the chunks' blocks are freed when the last reader is done.
+#[derive(Default)]
+pub(crate) struct Pins {
+    map: Mutex<std::collections::HashMap<(u16, u32, u64), Pinned>>,
+}
+
+/// Readers of one head, and the punch (head entry, append count) that waits for them.
+type Pinned = (u32, Option<(Loc, u64)>);
 
 /// Called when the disk engine drops a key for good reason (an expired record met by a read,
 /// the undo of a write whose sync failed), after the index change: the layer above drops the
@@ -88,6 +149,8 @@ pub(crate) struct Disk {
     pub stop_cv: Condvar,
     forget: Forget,
     pub recovery: RecoveryReport,
+    pub heads: Heads,
+    pins: Pins,
 }
 
 impl Disk {
@@ -118,6 +181,59 @@ impl Disk {
             stop_cv: Condvar::new(),
             forget,
             recovery,
+            heads: Heads::default(),
+            pins: Pins::default(),
+        }
+    }
+
+    /// The record at `loc` is no longer its key's value, by append number `after` (0: by
+    /// expiry, which needs no record): if it was a large value's head, its chunks are freed in
+    /// the background once that append is durable. Called after the sync where the policy
+    /// waits for one, so an undone write never loses the value it replaced.
+    pub fn retired(&self, loc: Loc, after: u64) {
+        let Some(generation) = self.ring.live_generation(loc) else { return };
+        if self.heads.take(loc.slot, generation, loc.offset) {
+            self.send(Job::Punch { head: loc, generation, after });
+        }
+    }
+
+    /// Holds off the punch of the large value whose head is at `head` until [`Disk::unpin`]:
+    /// `false` (nothing held) when the value was already retired, and its chunks may be gone.
+    pub fn pin(&self, head: Loc, generation: u32) -> bool {
+        let place = (head.slot, generation, head.offset);
+        self.pins.map.lock().entry(place).or_insert((0, None)).0 += 1;
+        // Retiring takes the head out of `heads` before its punch looks for pins: either the
+        // punch sees this pin, or this sees the head gone.
+        if self.heads.contains(place.0, place.1, place.2) {
+            return true;
+        }
+        self.unpin(head, generation);
+        false
+    }
+
+    /// Lets go of a [`Disk::pin`]; the last reader out sends the punch that waited.
+    pub fn unpin(&self, head: Loc, generation: u32) {
+        let mut map = self.pins.map.lock();
+        let place = (head.slot, generation, head.offset);
+        let Some(entry) = map.get_mut(&place) else { return };
+        entry.0 -= 1;
+        if entry.0 == 0 {
+            if let Some((_, Some((head, after)))) = map.remove(&place) {
+                drop(map);
+                self.send(Job::Punch { head, generation, after });
+            }
+        }
+    }
+
+    /// Whether the punch of the head at `head` must wait for readers (it is then sent again
+    /// by the last of them).
+    pub fn punch_waits(&self, head: Loc, generation: u32, after: u64) -> bool {
+        match self.pins.map.lock().get_mut(&(head.slot, generation, head.offset)) {
+            Some(entry) => {
+                entry.1 = Some((head, after));
+                true
+            }
+            None => false,
         }
     }
 

@@ -4,11 +4,12 @@
 
 use super::Disk;
 use crate::clock::now_ms;
+use crate::format::large;
 use crate::format::meta::{self, Meta};
 use crate::format::record::{self, Header, HEADER_LEN, MAX_KEY_LEN};
 use crate::index::Loc;
-use crate::types::{Part, Position, Tier, Value};
-use crate::Result;
+use crate::types::{ByteRange, Part, Position, Tier, Value};
+use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
 
@@ -143,6 +144,7 @@ impl Disk {
             return Ok(match self.fetch(hash, loc, nowait)? {
                 Fetch::WouldBlock => Got::WouldBlock,
                 Fetch::Gone => Got::Gone,
+                Fetch::Record(r) if r.header.is_head() => return self.fetch_large(hash, loc, key, r, part, nowait),
                 Fetch::Record(r) => {
                     let generation = r.header.generation;
                     self.value_of(hash, loc, key, r).map_or(Got::Gone, |v| Got::Value(v.narrow(part), generation))
@@ -173,6 +175,14 @@ impl Disk {
         if h.expiry_ms != 0 && h.expiry_ms <= now_ms() {
             self.expire(hash, loc, key);
             return Ok(Got::Gone);
+        }
+        if h.is_head() {
+            // A head with a long chunk table: read it whole, then the chunks.
+            return Ok(match self.fetch(hash, loc, nowait)? {
+                Fetch::WouldBlock => Got::WouldBlock,
+                Fetch::Gone => Got::Gone,
+                Fetch::Record(r) => return self.fetch_large(hash, loc, key, r, part, nowait),
+            });
         }
         let len = h.value_len as u64;
         let meta = Meta::parse(meta_block);
@@ -233,7 +243,133 @@ impl Disk {
 
     /// An expired entry found at `loc`: out of the index, then out of memory.
     fn expire(&self, hash: u64, loc: Loc, key: &[u8]) {
-        self.index.remove_if_eq(hash, loc);
+        if self.index.remove_if_eq(hash, loc) {
+            self.retired(loc, 0);
+        }
         (self.forget)(hash, key);
+    }
+
+    /// Reads `part` of the large value whose verified head record `head` was read from `loc`:
+    /// only the chunks the part overlaps, each verified. The value is gone (and its entry
+    /// dropped) when the ring has reused the slot of any of its chunks, which is known from
+    /// the table alone, or when a chunk fails verification.
+    fn fetch_large(&self, hash: u64, loc: Loc, key: &[u8], head: Record, part: Part, nowait: bool) -> Result<Got> {
+        let h = head.header;
+        if head.key() != key {
+            return Ok(Got::Gone);
+        }
+        if head.expired(now_ms()) {
+            self.expire(hash, loc, key);
+            return Ok(Got::Gone);
+        }
+        let meta = Meta::parse(head.meta());
+        let (Some((len, crc)), Some(chunks)) = (meta.large, large::decode(head.value())) else {
+            self.damaged(hash, loc, h.generation, "a head without its length or chunk table");
+            return Ok(Got::Gone);
+        };
+        if !chunks.iter().all(|c| self.ring.holds(c)) {
+            self.index.remove_if_eq(hash, loc);
+            return Ok(Got::Gone);
+        }
+        let (start, end) = match part {
+            Part::Whole => (0, len),
+            Part::Nothing => (0, 0),
+            Part::Range(r) => r.resolve(len).unwrap_or((0, 0)),
+        };
+        // Chunks are read with the punch held off: a value replaced meanwhile reads whole.
+        let _pin = match start < end {
+            true => match self.pin(loc, h.generation) {
+                true => Some(Unpin { disk: self, head: loc, generation: h.generation }),
+                false => return Ok(Got::Gone),
+            },
+            false => None,
+        };
+        // More than a chunk's worth is never gathered in memory: it is read in pieces
+        // (`Store::reader`), each verified as it is handed out.
+        if end - start > chunks.first().map_or(0, |c| c.len as u64) {
+            return Err(Error::new(ErrorKind::TooLarge, "a part longer than a chunk: read it with Store::reader"));
+        }
+        let mut data = Vec::with_capacity((end - start) as usize);
+        let mut at = 0u64;
+        for c in &chunks {
+            let (from, to) = (at, at + c.len as u64);
+            at = to;
+            if to <= start || from >= end {
+                continue;
+            }
+            let (s, e) = (start.max(from) - from, end.min(to) - from);
+            let sub =
+                if (s, e) == (0, c.len as u64) { Part::Whole } else { Part::Range(ByteRange::Span(s, Some(e - 1))) };
+            let cloc = self.ring.loc(c.slot as usize, c.generation, c.offset, c.record_len as u64);
+            match self.fetch_part(hash, cloc, key, sub, nowait)? {
+                Got::WouldBlock => return Ok(Got::WouldBlock),
+                Got::Value(v, g) if g == c.generation && v.data.len() as u64 == e - s => {
+                    data.extend_from_slice(&v.data)
+                }
+                // A chunk lost or damaged: the value is gone as a whole, never served in part.
+                _ => {
+                    self.index.remove_if_eq(hash, loc);
+                    return Ok(Got::Gone);
+                }
+            }
+        }
+        let value = Value {
+            data: Bytes::from(data),
+            start,
+            len,
+            crc,
+            content_type: meta.content_type.map(Bytes::copy_from_slice),
+            position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
+            stored_ms: h.stored_ms,
+            expiry_ms: h.expiry_ms,
+            tier: Tier::Disk,
+        };
+        Ok(Got::Value(value, h.generation))
+    }
+
+    /// The chunk table of the large value `key`'s index entry names, with that entry; `None`
+    /// when it names no large value (nothing, or a value of one record).
+    pub fn chunk_table(&self, hash: u64, key: &[u8]) -> Result<Option<(Loc, Vec<large::ChunkRef>)>> {
+        let Some(loc) = self.index.get(hash) else { return Ok(None) };
+        let Fetch::Record(head) = self.fetch(hash, loc, false)? else { return Ok(None) };
+        if !head.header.is_head() || head.key() != key {
+            return Ok(None);
+        }
+        Ok(large::decode(head.value()).map(|t| (loc, t)))
+    }
+
+    /// Bytes `s..e` of chunk `c` of the large value of `key` whose head is at `head`, verified;
+    /// `None` when the chunk is lost or damaged, and then the value's entry is dropped.
+    pub fn read_chunk(
+        &self,
+        hash: u64,
+        head: Loc,
+        key: &[u8],
+        c: &large::ChunkRef,
+        s: u64,
+        e: u64,
+    ) -> Result<Option<Bytes>> {
+        let sub = if (s, e) == (0, c.len as u64) { Part::Whole } else { Part::Range(ByteRange::Span(s, Some(e - 1))) };
+        let cloc = self.ring.loc(c.slot as usize, c.generation, c.offset, c.record_len as u64);
+        match self.ring.holds(c).then(|| self.fetch_part(hash, cloc, key, sub, false)).transpose()? {
+            Some(Got::Value(v, g)) if g == c.generation && v.data.len() as u64 == e - s => Ok(Some(v.data)),
+            _ => {
+                self.index.remove_if_eq(hash, head);
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Lets go of a [`Disk::pin`] when dropped.
+struct Unpin<'d> {
+    disk: &'d Disk,
+    head: Loc,
+    generation: u32,
+}
+
+impl Drop for Unpin<'_> {
+    fn drop(&mut self) {
+        self.disk.unpin(self.head, self.generation);
     }
 }

@@ -8,6 +8,7 @@
 
 use super::dirs::{self, DataDir};
 use crate::config::StoreConfig;
+use crate::format::large::ChunkRef;
 use crate::format::manifest::Manifest;
 use crate::format::record::{self, Header, HEADER_LEN};
 use crate::index::{Index, Loc, TAG_MASK};
@@ -105,6 +106,14 @@ impl Ring {
     pub fn live_generation(&self, loc: Loc) -> Option<u32> {
         let g = self.slots[loc.slot as usize].generation.load(Ordering::Acquire);
         (g != 0 && (g & TAG_MASK) as u8 == loc.tag).then_some(g)
+    }
+
+    /// Whether the volume chunk `c` was written in is still in its slot (its generation and
+    /// its sequence: generations restart in a slot whose volume recovery discarded).
+    pub fn holds(&self, c: &ChunkRef) -> bool {
+        self.slots.get(c.slot as usize).is_some_and(|s| {
+            s.generation.load(Ordering::Acquire) == c.generation && s.sequence.load(Ordering::Acquire) == c.sequence
+        })
     }
 
     /// Whether the record at `loc` is of the current generation and has key `key` (header and

@@ -11,8 +11,8 @@ use crate::format::volume::VolumeHeader;
 use bytes::{Buf, BufMut};
 
 /// Hint file format version written by this build. Version 1 (read too) lacks the newest
-/// store time of the volume's records.
-pub const HINT_VERSION: u32 = 2;
+/// store time of the volume's records; version 2 (read too) cannot mark a large value's head.
+pub const HINT_VERSION: u32 = 3;
 const MAGIC: &[u8; 8] = b"LARDHINT";
 /// Header length of version 1; version 2 adds the newest store time.
 const HEADER_LEN_V1: usize = 48;
@@ -20,6 +20,8 @@ const HEADER_LEN: usize = 56;
 /// Size of one fixed hint entry (a drop entry is followed by its key).
 pub const ENTRY_LEN: usize = 24;
 const DROP_BIT: u64 = 1 << 63;
+/// In a put entry of version 3, the record is a large value's head (expiry times stay below).
+const HEAD_BIT: u64 = 1 << 62;
 
 /// One record of a volume, as recovery needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +36,8 @@ pub enum HintEntry {
         len: u32,
         /// Expiry in ms since the epoch, 0 = never.
         expiry_ms: u64,
+        /// The record is a large value's head.
+        head: bool,
     },
     /// A tombstone, or a damaged record whose key is known: drop `key` if the index holds it.
     Drop {
@@ -89,7 +93,9 @@ impl Encoder {
     pub fn push(&mut self, e: &HintEntry, stored_ms: u64) {
         let b = &mut self.pending;
         let (hash, offset, len, tail) = match e {
-            HintEntry::Put { hash, offset, len, expiry_ms } => (hash, offset, len, *expiry_ms & !DROP_BIT),
+            HintEntry::Put { hash, offset, len, expiry_ms, head } => {
+                (hash, offset, len, *expiry_ms & !(DROP_BIT | HEAD_BIT) | if *head { HEAD_BIT } else { 0 })
+            }
             HintEntry::Drop { hash, offset, len, .. } => (hash, offset, len, DROP_BIT),
         };
         b.put_u64_le(*hash);
@@ -158,6 +164,8 @@ pub struct Hint<'a> {
     /// Bytes of the volume it covers: all of a sealed volume, or the part of the active
     /// volume written before a graceful stop (a checkpoint); records after it are scanned.
     pub data_len: u64,
+    /// Whether put entries may carry the head mark (version 3).
+    heads: bool,
 }
 
 impl<'a> Hint<'a> {
@@ -179,13 +187,13 @@ impl<'a> Hint<'a> {
         let (sequence, data_len, count) = (r.get_u64_le(), r.get_u64_le(), r.get_u64_le());
         let (entries_at, max_stored_ms) = match version {
             1 => (HEADER_LEN_V1, 0),
-            2 if body.len() >= HEADER_LEN => (HEADER_LEN, r.get_u64_le()),
+            2 | 3 if body.len() >= HEADER_LEN => (HEADER_LEN, r.get_u64_le()),
             _ => return None,
         };
         if slot != vh.slot || generation != vh.generation || sequence != vh.sequence || data_len > file_len {
             return None;
         }
-        let hint = Hint { body, entries_at, count, max_stored_ms, data_len };
+        let hint = Hint { body, entries_at, count, max_stored_ms, data_len, heads: version >= 3 };
         // Walk the entries once before any is used, so that a hint is applied whole or not at all.
         let mut at = entries_at;
         for _ in 0..hint.count {
@@ -228,8 +236,10 @@ impl<'a> Hint<'a> {
             let mut r = &b[at..];
             let (hash, offset, len, tail) = (r.get_u64_le(), r.get_u32_le() as u64 * 8, r.get_u32_le(), r.get_u64_le());
             let end = self.entry_end(at).expect("verified by open");
+            let head = self.heads && tail & HEAD_BIT != 0;
             let e = if tail & DROP_BIT == 0 {
-                HintEntry::Put { hash, offset, len, expiry_ms: tail }
+                let expiry_ms = if self.heads { tail & !HEAD_BIT } else { tail };
+                HintEntry::Put { hash, offset, len, expiry_ms, head }
             } else {
                 HintEntry::Drop { hash, offset, len, key: b[at + ENTRY_LEN + 2..end].to_vec() }
             };
@@ -247,9 +257,9 @@ mod tests {
     fn round_trip_and_mismatch() {
         let vh = VolumeHeader { slot: 2, generation: 5, sequence: 9, salt: 1, created_ms: 0, dir_id: [0; 16] };
         let entries = vec![
-            HintEntry::Put { hash: 1, offset: 64, len: 60, expiry_ms: 0 },
+            HintEntry::Put { hash: 1, offset: 64, len: 60, expiry_ms: 0, head: false },
             HintEntry::Drop { hash: 2, offset: 128, len: 52, key: b"gone".to_vec() },
-            HintEntry::Put { hash: 3, offset: 184, len: 4096, expiry_ms: 12345 },
+            HintEntry::Put { hash: 3, offset: 184, len: 4096, expiry_ms: 12345, head: true },
         ];
         let b = encode(&vh, 5000, &entries);
         assert_eq!(decode(&b, &vh, 5000), Some(entries));
@@ -270,7 +280,7 @@ mod tests {
         let entries: Vec<HintEntry> = (0..1000u64)
             .map(|i| match i % 7 {
                 0 => HintEntry::Drop { hash: i, offset: i * 64, len: 60, key: format!("k{i}").into_bytes() },
-                _ => HintEntry::Put { hash: i, offset: i * 64, len: 60, expiry_ms: i },
+                _ => HintEntry::Put { hash: i, offset: i * 64, len: 60, expiry_ms: i, head: i % 3 == 0 },
             })
             .collect();
         let mut enc = Encoder::default();
@@ -292,7 +302,7 @@ mod tests {
     #[test]
     fn version_one_hints_are_still_read() {
         let vh = VolumeHeader { slot: 2, generation: 5, sequence: 9, salt: 1, created_ms: 0, dir_id: [0; 16] };
-        let entry = HintEntry::Put { hash: 1, offset: 64, len: 60, expiry_ms: 0 };
+        let entry = HintEntry::Put { hash: 1, offset: 64, len: 60, expiry_ms: 0, head: false };
         // Version 1: the 48-byte header, no newest store time.
         let mut b = Vec::new();
         b.extend_from_slice(MAGIC);

@@ -16,6 +16,10 @@ use bytes::{Buf, BufMut};
 pub const TAG_CONTENT_TYPE: u8 = 1;
 /// Entry tag: block checksums.
 pub const TAG_BLOCKS: u8 = 2;
+/// Entry tag: in a large value's head, the whole value's length (u64) and CRC32C (u32).
+pub const TAG_LARGE: u8 = 3;
+/// Entry tag: in a chunk record, its number in the value (u32).
+pub const TAG_CHUNK: u8 = 4;
 /// Longest content type stored, in bytes.
 pub const MAX_CONTENT_TYPE: usize = 1024;
 /// Values longer than this carry block checksums; shorter ones are read whole.
@@ -31,6 +35,8 @@ pub struct Meta<'a> {
     /// The content type, if one was stored.
     pub content_type: Option<&'a [u8]>,
     blocks: Option<(u8, &'a [u8])>,
+    /// A large value's length and CRC32C (in its head).
+    pub large: Option<(u64, u32)>,
 }
 
 impl<'a> Meta<'a> {
@@ -45,6 +51,10 @@ impl<'a> Meta<'a> {
             match tag {
                 TAG_CONTENT_TYPE => m.content_type = Some(body),
                 TAG_BLOCKS if !body.is_empty() && (body.len() - 1) % 4 == 0 => m.blocks = Some((body[0], &body[1..])),
+                TAG_LARGE if body.len() == 12 => {
+                    let mut b = body;
+                    m.large = Some((b.get_u64_le(), b.get_u32_le()));
+                }
                 _ => {}
             }
             rest = &rest[3 + len..];
@@ -95,12 +105,37 @@ pub fn block_shift(len: u64) -> Option<u8> {
 /// Checksums `value`: its CRC32C and, when it is large, the CRC32C of each block. One pass:
 /// the whole-value checksum is combined from the blocks'.
 pub fn checksum(value: &[u8]) -> (u32, Option<(u8, Vec<u32>)>) {
-    let Some(shift) = block_shift(value.len() as u64) else { return (crc32c::crc32c(value), None) };
-    let crcs: Vec<u32> = value.chunks(1 << shift).map(crc32c::crc32c).collect();
-    let whole = value
-        .chunks(1 << shift)
-        .zip(&crcs)
-        .fold(0, |acc, (chunk, &c)| crate::format::record::crc32c_combine(acc, c, chunk.len() as u64));
+    checksum_parts(&[value])
+}
+
+/// [`checksum`] of the value made of `parts` in order, without joining them (a block may
+/// span parts).
+pub fn checksum_parts(parts: &[&[u8]]) -> (u32, Option<(u8, Vec<u32>)>) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let Some(shift) = block_shift(len as u64) else {
+        return (parts.iter().fold(0, |c, p| crc32c::crc32c_append(c, p)), None);
+    };
+    let size = 1usize << shift;
+    let mut crcs = Vec::with_capacity(len.div_ceil(size));
+    let (mut crc, mut filled) = (0u32, 0usize);
+    for mut p in parts.iter().copied() {
+        while !p.is_empty() {
+            let take = (size - filled).min(p.len());
+            crc = crc32c::crc32c_append(crc, &p[..take]);
+            (filled, p) = (filled + take, &p[take..]);
+            if filled == size {
+                crcs.push(std::mem::take(&mut crc));
+                filled = 0;
+            }
+        }
+    }
+    if filled > 0 {
+        crcs.push(crc);
+    }
+    let whole = crcs.iter().enumerate().fold(0, |acc, (i, &c)| {
+        let block = size.min(len - i * size);
+        crate::format::record::crc32c_combine(acc, c, block as u64)
+    });
     (whole, Some((shift, crcs)))
 }
 
@@ -123,9 +158,42 @@ pub fn encode(out: &mut Vec<u8>, content_type: Option<&[u8]>, blocks: Option<&(u
     }
 }
 
+/// Appends the entry that makes a record a large value's head: the value's length and CRC32C.
+pub fn encode_large(out: &mut Vec<u8>, len: u64, crc: u32) {
+    out.put_u8(TAG_LARGE);
+    out.put_u16_le(12);
+    out.put_u64_le(len);
+    out.put_u32_le(crc);
+}
+
+/// Appends the entry naming a chunk record's number in its value.
+pub fn encode_chunk(out: &mut Vec<u8>, index: u32) {
+    out.put_u8(TAG_CHUNK);
+    out.put_u16_le(4);
+    out.put_u32_le(index);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checksum_parts_agrees_with_checksum_of_the_joined_value_wherever_it_is_cut() {
+        for len in [0usize, 1000, 200_000, 1 << 20, (1 << 20) + 4097] {
+            let value: Vec<u8> = (0..len).map(|i| (i * 31 % 253) as u8).collect();
+            let whole = checksum(&value);
+            for cuts in [vec![], vec![1], vec![7, 65_536, 65_537], vec![len / 3, len / 2]] {
+                let mut parts = Vec::new();
+                let mut at = 0;
+                for c in cuts.into_iter().filter(|&c| c <= len) {
+                    parts.push(&value[at..c.max(at)]);
+                    at = c.max(at);
+                }
+                parts.push(&value[at..]);
+                assert_eq!(checksum_parts(&parts), whole, "len {len}");
+            }
+        }
+    }
 
     #[test]
     fn round_trip_skips_unknown_entries() {

@@ -7,6 +7,7 @@
 
 pub mod dir_id;
 pub mod hint;
+pub mod large;
 pub mod manifest;
 pub mod meta;
 pub mod record;

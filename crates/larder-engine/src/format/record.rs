@@ -16,6 +16,24 @@ use bytes::{Buf, BufMut};
 pub const RECORD_VERSION: u8 = 1;
 /// Magic at the start of every record: "LRC" and the record format version.
 pub const MAGIC: u32 = u32::from_le_bytes([b'L', b'R', b'C', RECORD_VERSION]);
+/// Magic of the records of large values (chunks and heads), version 2: a build that predates
+/// them finds a magic it does not know, so it takes them for damage and never serves a chunk
+/// table as a value.
+pub const MAGIC_LARGE: u32 = u32::from_le_bytes([b'L', b'R', b'C', 2]);
+
+/// The magic a record with `flags` starts with.
+fn magic_of(flags: u16) -> u32 {
+    if flags & (FLAG_CHUNK | FLAG_HEAD) != 0 {
+        MAGIC_LARGE
+    } else {
+        MAGIC
+    }
+}
+
+/// Whether `b` starts with the magic of some record.
+pub fn starts_like_record(b: &[u8]) -> bool {
+    b.len() >= 4 && [MAGIC, MAGIC_LARGE].contains(&(&b[..4]).get_u32_le())
+}
 /// Size of the fixed record header in bytes.
 pub const HEADER_LEN: usize = 48;
 /// Records start at multiples of this many bytes.
@@ -27,6 +45,12 @@ pub const MAX_META_LEN: usize = 4096;
 
 /// Flag bit: this record is a tombstone (a DELETE); it has no value.
 pub const FLAG_TOMBSTONE: u16 = 1;
+/// Flag bit: this record is one chunk of a large value (its metadata holds the chunk's number).
+/// Never indexed: only the value's head names it.
+pub const FLAG_CHUNK: u16 = 2;
+/// Flag bit: this record is the head of a large value: its value is the chunk table (see
+/// `format::large`), its metadata the value's length and checksum.
+pub const FLAG_HEAD: u16 = 4;
 
 const _: () = assert!(HEADER_LEN.is_multiple_of(ALIGN as usize));
 
@@ -65,6 +89,16 @@ impl Header {
     /// Whether this record is a tombstone.
     pub fn is_tombstone(&self) -> bool {
         self.flags & FLAG_TOMBSTONE != 0
+    }
+
+    /// Whether this record is a chunk of a large value.
+    pub fn is_chunk(&self) -> bool {
+        self.flags & FLAG_CHUNK != 0
+    }
+
+    /// Whether this record is the head of a large value.
+    pub fn is_head(&self) -> bool {
+        self.flags & FLAG_HEAD != 0
     }
 }
 
@@ -119,7 +153,7 @@ pub fn encode_prefix(
     debug_assert!(key.len() <= MAX_KEY_LEN && meta.len() <= MAX_META_LEN);
     debug_assert!(value_len <= u32::MAX as usize);
     let start = out.len();
-    out.put_u32_le(MAGIC);
+    out.put_u32_le(magic_of(h.flags));
     out.put_bytes(0, 8); // crc and hcrc, filled below
     out.put_u16_le(h.flags);
     out.put_u16_le(key.len() as u16);
@@ -214,11 +248,16 @@ pub fn decode_header(buf: &[u8], salt: u32) -> Result<Header, DecodeError> {
         return Err(DecodeError::Short);
     }
     let mut r = buf;
-    if r.get_u32_le() != MAGIC {
+    let magic = r.get_u32_le();
+    if magic != MAGIC && magic != MAGIC_LARGE {
         return Err(DecodeError::BadMagic);
     }
     let (crc, hcrc) = (r.get_u32_le(), r.get_u32_le());
     let (flags, key_len, value_len, meta_len) = (r.get_u16_le(), r.get_u16_le(), r.get_u32_le(), r.get_u16_le());
+    // The magic is outside the checksums; the flags it must agree with are not.
+    if magic != magic_of(flags) {
+        return Err(DecodeError::BadMagic);
+    }
     r.advance(2); // reserved
     let generation = r.get_u32_le();
     r.advance(4); // the metadata's checksum, checked by `decode_prefix`
@@ -360,6 +399,24 @@ mod tests {
         buf[HEADER_LEN + 1 + 3] ^= 4;
         assert_eq!(decode_prefix(&buf, SALT).unwrap_err(), DecodeError::BadBody);
         assert_eq!(decode(&buf, SALT).unwrap_err(), DecodeError::BadBody);
+    }
+
+    #[test]
+    fn large_records_have_a_magic_older_builds_refuse_and_it_must_agree_with_the_flags() {
+        for flags in [FLAG_CHUNK, FLAG_HEAD] {
+            let mut buf = Vec::new();
+            encode_into(&mut buf, &header(flags), b"key", b"", b"table", SALT);
+            // A build before large values compares the magic with MAGIC alone.
+            assert_ne!((&buf[..4]).get_u32_le(), MAGIC);
+            assert_eq!(decode(&buf, SALT).unwrap().header.flags, flags);
+            (&mut buf[..4]).put_u32_le(MAGIC);
+            assert_eq!(decode(&buf, SALT).unwrap_err(), DecodeError::BadMagic);
+        }
+        let mut buf = Vec::new();
+        encode_into(&mut buf, &header(0), b"key", b"", b"value", SALT);
+        assert_eq!((&buf[..4]).get_u32_le(), MAGIC);
+        (&mut buf[..4]).put_u32_le(MAGIC_LARGE);
+        assert_eq!(decode(&buf, SALT).unwrap_err(), DecodeError::BadMagic);
     }
 
     #[test]

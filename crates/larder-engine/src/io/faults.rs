@@ -556,6 +556,25 @@ impl FileIo for FaultyFile {
     fn len(&self) -> io::Result<u64> {
         self.os.len()
     }
+
+    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+        // Subject to write rules, but never undone by a power cut: a punch changes the file's
+        // metadata, which the file system may commit before data written earlier, so it is
+        // taken as durable at once (the worst case for what a store must order before it).
+        if !self.dir.active.load(Ordering::Acquire) {
+            return self.os.punch_hole(offset, len);
+        }
+        let _cut = CUT.read();
+        let verdict = self.dir.state.lock().verdict(&self.path, Op::Write, len as usize, false);
+        if let Verdict::Fail(e) = verdict {
+            return Err(e);
+        }
+        self.os.punch_hole(offset, len)
+    }
+
+    fn allocated(&self) -> io::Result<u64> {
+        self.os.allocated()
+    }
 }
 
 /// Before a sync of the directory `dir` (opened just for it): its rules apply, looked up by

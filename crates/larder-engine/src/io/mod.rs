@@ -40,6 +40,13 @@ pub trait FileIo: Send + Sync {
     /// The file's length.
     fn len(&self) -> io::Result<u64>;
 
+    /// Releases the disk blocks of `len` bytes at `offset`, which then read as zeros; the
+    /// file's length stays (`fallocate(PUNCH_HOLE | KEEP_SIZE)`).
+    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()>;
+
+    /// Bytes of disk the file occupies (its allocated blocks), for comparing with its length.
+    fn allocated(&self) -> io::Result<u64>;
+
     /// Whether the file is empty.
     fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
@@ -145,6 +152,16 @@ impl FileIo for File {
 
     fn len(&self) -> io::Result<u64> {
         Ok(self.metadata()?.len())
+    }
+
+    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+        use rustix::fs::FallocateFlags;
+        Ok(rustix::fs::fallocate(self, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len)?)
+    }
+
+    fn allocated(&self) -> io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        Ok(self.metadata()?.blocks() * 512)
     }
 }
 

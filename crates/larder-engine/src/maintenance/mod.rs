@@ -38,12 +38,74 @@ fn run_job(disk: &Disk, memory: Option<&Memory>, job: Job) {
         }
         Job::Sweep => {
             let removed = disk.index.retain(|l| disk.ring.live_generation(l).is_some());
+            let slots = &disk.ring.slots;
+            disk.heads.retain(|slot, g| slots[slot as usize].generation.load(Ordering::Acquire) == g);
             disk.ring.counters.evicted_entries.fetch_add(removed, Ordering::Relaxed);
         }
+        Job::Punch { head, generation, after } => punch(disk, head, generation, after),
         Job::Manifest => {
             if let Err(e) = crate::disk::dirs::save_manifest(&mut disk.ring.manifest.lock(), &disk.ring.dirs) {
                 tracing::warn!(error = %e, "could not update the manifest");
             }
+        }
+    }
+}
+
+/// Frees the disk blocks of the chunks of the large value whose head is at `head`: each run of
+/// adjacent chunks whose records verify as this value's is one `fallocate(PUNCH_HOLE)`, made
+/// under the writer lock so that the ring cannot reuse a chunk's volume between the check and
+/// the punch. Not before the write that retired the value (append number `after`) is durable,
+/// whatever the fsync policy, nor while a reader streams the value.
+fn punch(disk: &Disk, head: crate::index::Loc, generation: u32, after: u64) {
+    use crate::format::{large, record};
+    if disk.punch_waits(head, generation, after) {
+        return; // the last reader sends it again
+    }
+    if after > 0 && disk.wait_durable(after).is_err() {
+        return; // the ring frees the space when it comes round
+    }
+    // Hash 0: the head is no longer indexed, and damage here only counts.
+    let Ok(crate::disk::Fetch::Record(r)) = disk.fetch(0, head, false) else { return };
+    if !r.header.is_head() || r.header.generation != generation {
+        return;
+    }
+    let Some(chunks) = large::decode(r.value()) else { return };
+    // Runs of adjacent chunks: the first chunk (for its volume) and the byte range.
+    let mut runs: Vec<(large::ChunkRef, u64, u64)> = Vec::new();
+    for c in &chunks {
+        // Only bytes that still are this value's chunk: the record there must verify (its
+        // salted header checksum), be a chunk, of this key and of the length the table says.
+        let cloc = disk.ring.loc(c.slot as usize, c.generation, c.offset, c.record_len as u64);
+        let ours = disk.ring.holds(c)
+            && matches!(disk.ring.header_at(cloc, r.key()), Ok(Some(h)) if h.is_chunk() && h.record_len() == c.record_len as u64);
+        if !ours {
+            continue;
+        }
+        let end = c.offset + record::padded(c.record_len as u64);
+        match runs.last_mut() {
+            Some((first, _, to))
+                if (first.slot, first.generation, first.sequence, *to)
+                    == (c.slot, c.generation, c.sequence, c.offset) =>
+            {
+                *to = end
+            }
+            _ => runs.push((*c, c.offset, end)),
+        }
+    }
+    // A slot's bytes change only when the ring restarts it, under the writer lock: with the
+    // volume unchanged under the lock, what was verified above is still there.
+    let _w = disk.writer.lock();
+    for (first, from, to) in runs {
+        let slot = first.slot;
+        if !disk.ring.holds(&first) {
+            continue; // the ring reused it: nothing of the value is left there
+        }
+        let Some(file) = disk.ring.slots[slot as usize].file() else { continue };
+        match file.punch_hole(from, to - from) {
+            Ok(()) => {
+                disk.ring.counters.punched_bytes.fetch_add(to - from, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(slot, error = %e, "could not free a dead value's chunks; the ring will"),
         }
     }
 }

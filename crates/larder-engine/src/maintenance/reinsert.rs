@@ -28,7 +28,9 @@ pub(crate) fn reinsert(disk: &Disk, memory: Option<&Memory>, slot: usize, genera
     let (mut batch, mut batch_bytes) = (Vec::new(), 0);
     for (i, &(hash, loc)) in cands.iter().enumerate() {
         let r = match disk.fetch(hash, loc, false) {
-            Ok(Fetch::Record(r)) if !r.header.is_tombstone() && !r.expired(now) => r,
+            // A large value's head is not copied: its chunks are as old as it is, and die with
+            // their volumes whatever happens to the head.
+            Ok(Fetch::Record(r)) if !r.header.is_tombstone() && !r.header.is_head() && !r.expired(now) => r,
             _ => {
                 c.reinsert_skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
@@ -70,7 +72,8 @@ fn copy_forward(disk: &Disk, batch: &mut Vec<(u64, Loc, Record)>) {
             c.reinsert_skipped.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let rec = Append { header: r.header, key: r.key(), meta: r.meta(), value: r.value(), value_crc: r.value_crc };
+        let rec =
+            Append { header: r.header, key: r.key(), meta: r.meta(), value: &[r.value()], value_crc: r.value_crc };
         match disk.append(&mut w, true, &rec) {
             Ok(Some((pos, new))) => {
                 disk.index.replace_if_eq(hash, old, new);

@@ -21,6 +21,7 @@ pub(super) fn load_hint(
     generation: u32,
     h: &hint::Hint<'_>,
     progress: &RecoveryProgress,
+    heads: &mut Vec<(u16, u32, u64)>,
 ) {
     use crate::index::{Loc, SHARDS};
     const CHUNK: usize = 1 << 18;
@@ -43,7 +44,10 @@ pub(super) fn load_hint(
             chunk.push(match e {
                 // Expired entries are indexed too: they must still shadow older values of their
                 // key, and reads answer them as misses.
-                HintEntry::Put { hash, offset, len, .. } => {
+                HintEntry::Put { hash, offset, len, head, .. } => {
+                    if head {
+                        heads.push((slot as u16, generation, offset));
+                    }
                     (hash, Op::Put(ring.loc(slot, generation, offset, len as u64)))
                 }
                 HintEntry::Drop { hash, key, .. } => {
@@ -115,6 +119,10 @@ pub(crate) fn scan_hint_entries(
     mut f: impl FnMut(HintEntry, u64),
 ) -> std::io::Result<()> {
     let range = ScanRange { start: VOLUME_HEADER_LEN, end: len, generation, salt, torn_tail_possible: false };
-    scan_volume(file, range, |ev| f(ev.hint_entry(ring.hash(ev.key())), ev.header().stored_ms))?;
+    scan_volume(file, range, |ev| {
+        if let Some(entry) = ev.hint_entry(ring.hash(ev.key())) {
+            f(entry, ev.header().stored_ms)
+        }
+    })?;
     Ok(())
 }

@@ -28,6 +28,8 @@ use std::sync::atomic::Ordering;
 /// What recovery rebuilt: the index, and where the writer continues.
 pub(crate) struct Recovered {
     pub index: Index,
+    /// The large values' heads met in scanned volumes (slot, generation, offset).
+    pub heads: Vec<(u16, u32, u64)>,
     pub active: Option<(usize, u64)>,
     /// Where a new active volume goes when `active` is `None`.
     pub start_slot: usize,
@@ -95,6 +97,7 @@ fn remove_strays(ring: &Ring, dir: &Path, keep_from: &mut u64) -> Result<()> {
 pub(crate) fn recover(ring: &Ring, hints_trusted: bool, progress: &RecoveryProgress) -> Result<Recovered> {
     let started = std::time::Instant::now();
     let index = Index::new();
+    let mut heads = Vec::new();
     let count = ring.slots.len();
     let mut report = RecoveryReport::default();
     // Volumes with a sequence below this are discarded.
@@ -297,7 +300,7 @@ pub(crate) fn recover(ring: &Ring, hints_trusted: bool, progress: &RecoveryProgr
             match hint::Hint::open(bytes, vh, file_len) {
                 Some(h) => {
                     max_stored_ms = max_stored_ms.max(h.max_stored_ms);
-                    load_hint(ring, &index, slot, vh.generation, &h, progress);
+                    load_hint(ring, &index, slot, vh.generation, &h, progress, &mut heads);
                     report.records += h.len();
                     scan_from = h.data_len.max(VOLUME_HEADER_LEN);
                     match (is_active, scan_from == file_len) {
@@ -341,10 +344,15 @@ pub(crate) fn recover(ring: &Ring, hints_trusted: bool, progress: &RecoveryProgr
             ScanEvent::Valid { offset, header, key } => {
                 max_stored_ms = max_stored_ms.max(header.stored_ms);
                 let hash = ring.hash(key);
-                if header.is_tombstone() || (header.expiry_ms != 0 && header.expiry_ms <= now) {
+                if header.is_chunk() {
+                    // Named only by its value's head; shadows nothing.
+                } else if header.is_tombstone() || (header.expiry_ms != 0 && header.expiry_ms <= now) {
                     ring.drop_if_key(&index, hash, key);
                 } else {
                     index.insert(hash, ring.loc(slot, vh.generation, offset, header.record_len()));
+                    if header.is_head() {
+                        heads.push((slot as u16, vh.generation, offset));
+                    }
                 }
                 seen += 1;
                 if seen.is_multiple_of(1 << 16) {
@@ -354,7 +362,10 @@ pub(crate) fn recover(ring: &Ring, hints_trusted: bool, progress: &RecoveryProgr
             }
             ScanEvent::Damaged { offset, header, key } => {
                 tracing::warn!(slot, offset, record_len = header.record_len(), "damaged record skipped");
-                ring.drop_if_key(&index, ring.hash(key), key);
+                // A damaged chunk shadows nothing: its head, if any, fails when read.
+                if !header.is_chunk() {
+                    ring.drop_if_key(&index, ring.hash(key), key);
+                }
             }
         })
         .map_err(|e| Error::io("scanning a volume", e))?;
@@ -398,5 +409,5 @@ pub(crate) fn recover(ring: &Ring, hints_trusted: bool, progress: &RecoveryProgr
     // goes on after it.
     let start_slot = newest_slot.map_or(0, |s| (s + 1) % count);
     let next_sequence = max_sequence.map_or(1, |s| s + 1);
-    Ok(Recovered { index, active, start_slot, next_sequence, unhinted, report, max_stored_ms })
+    Ok(Recovered { index, heads, active, start_slot, next_sequence, unhinted, report, max_stored_ms })
 }

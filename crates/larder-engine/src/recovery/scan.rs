@@ -54,19 +54,23 @@ impl ScanEvent<'_> {
     }
 
     /// The record as a hint file describes it (`hash` is its seeded key hash): a put, or a
-    /// drop for a tombstone or a damaged record. Hint files are made of these, and
-    /// `larder check` compares hint files with them.
-    pub fn hint_entry(&self, hash: u64) -> HintEntry {
+    /// drop for a tombstone or a damaged record; nothing for a chunk of a large value, which
+    /// only its head names. Hint files are made of these, and `larder check` compares hint
+    /// files with them.
+    pub fn hint_entry(&self, hash: u64) -> Option<HintEntry> {
+        if self.header().is_chunk() {
+            return None;
+        }
         let (offset, header, key, dropped) = match *self {
             ScanEvent::Valid { offset, header, key } => (offset, header, key, header.is_tombstone()),
             ScanEvent::Damaged { offset, header, key } => (offset, header, key, true),
         };
         let len = header.record_len() as u32;
-        if dropped {
+        Some(if dropped {
             HintEntry::Drop { hash, offset, len, key: key.to_vec() }
         } else {
-            HintEntry::Put { hash, offset, len, expiry_ms: header.expiry_ms }
-        }
+            HintEntry::Put { hash, offset, len, expiry_ms: header.expiry_ms, head: header.is_head() }
+        })
     }
 }
 
@@ -139,6 +143,15 @@ pub fn scan_volume(
     let mut pos = start;
     while pos + HEADER_LEN as u64 <= end {
         let head = w.at(pos, HEADER_LEN + MAX_KEY_LEN)?;
+        // A punched hole (the chunks of a large value that died) reads as zeros, and no
+        // record starts with zeros: free space, skipped, not damage.
+        if head.get(..HEADER_LEN).is_some_and(|h| h.iter().all(|&b| b == 0)) {
+            pos = skip_zeros(&mut w, pos, end)?;
+            if pending.is_empty() && pending_gaps == 0 {
+                out.valid_end = pos; // a hole is part of what was written
+            }
+            continue;
+        }
         match record::decode_header(head, salt) {
             Ok(h) if h.generation != generation => break,
             Ok(h) => {
@@ -191,13 +204,27 @@ pub fn scan_volume(
     Ok(out)
 }
 
+/// The first 8-aligned offset from `from` whose 8 bytes are not all zero (or `end`).
+fn skip_zeros(w: &mut Window<'_>, from: u64, end: u64) -> std::io::Result<u64> {
+    let mut p = from;
+    while p < end {
+        let b = w.at(p, 8)?;
+        let word = &b[..b.len().min(8)];
+        if word.is_empty() || word.iter().any(|&x| x != 0) {
+            break;
+        }
+        p += record::ALIGN;
+    }
+    Ok(p.min(end))
+}
+
 /// The next 8-aligned offset after a damaged stretch where a whole valid record of
 /// `generation` starts, if any.
 fn resync(w: &mut Window<'_>, from: u64, end: u64, generation: u32, salt: u32) -> std::io::Result<Option<u64>> {
     let mut p = from;
     while p + HEADER_LEN as u64 <= end {
         let b = w.at(p, HEADER_LEN + MAX_KEY_LEN)?;
-        if b.len() >= 4 && b[..4] == record::MAGIC.to_le_bytes() {
+        if record::starts_like_record(b) {
             if let Ok(h) = record::decode_header(b, salt) {
                 if h.generation == generation && p + h.record_len() <= end {
                     let len = h.record_len() as usize;

@@ -10,7 +10,10 @@
 
 mod open;
 mod read;
+mod stream;
 mod write;
+
+pub use stream::{ValueReader, ValueWriter};
 
 use crate::config::StoreConfig;
 use crate::disk::{dirs, Disk, Job, Seen};
@@ -46,7 +49,24 @@ impl Store {
     ///
     /// Returns once the record is written (and, with `FsyncPolicy::Always`, durable).
     pub fn put(&self, key: &[u8], value: &[u8], opts: &PutOptions<'_>) -> Result<Stored> {
-        self.put_inner(key, value, opts, !opts.nonblocking)?.ok_or_else(Error::would_block)
+        self.put_parts(key, &[value], opts)
+    }
+
+    /// Whether a value of `len` bytes may enter the memory tier (`MemoryConfig::max_value`).
+    pub(crate) fn memory_takes(&self, len: u64) -> bool {
+        let cfg = &self.disk.ring.cfg;
+        let most = match cfg.memory.max_value {
+            0 => cfg.chunk_size,
+            n => n.min(cfg.chunk_size),
+        };
+        len <= most
+    }
+
+    /// [`Store::put`] of the value made of `parts` in order (a request body as it arrived):
+    /// they are checksummed and written as they are, with one vectored write, never joined
+    /// (a value longer than a chunk joins only the chunks that span parts).
+    pub fn put_parts(&self, key: &[u8], parts: &[&[u8]], opts: &PutOptions<'_>) -> Result<Stored> {
+        self.put_inner(key, parts, opts, !opts.nonblocking)?.ok_or_else(Error::would_block)
     }
 
     /// Reads the value of `key`, or the part of it `opts` asks for; `Ok(None)` when absent,
@@ -120,6 +140,8 @@ impl Store {
             write_failures: c.write_failures.load(Ordering::Relaxed),
             sync_failures: c.sync_failures.load(Ordering::Relaxed),
             read_failures: c.read_failures.load(Ordering::Relaxed),
+            punched_bytes: c.punched_bytes.load(Ordering::Relaxed),
+            allocated_bytes: sh.ring.slots.iter().filter_map(|s| s.file()?.allocated().ok()).sum(),
             rotations: c.rotations.load(Ordering::Relaxed),
             volumes_evicted: c.volumes_evicted.load(Ordering::Relaxed),
             evicted_entries: c.evicted_entries.load(Ordering::Relaxed),

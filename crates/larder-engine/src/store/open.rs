@@ -5,7 +5,7 @@ use super::Store;
 use crate::clock::{now_ms, sequence_after};
 use crate::config::{FsyncPolicy, StoreConfig, MIN_VOLUME_SIZE};
 use crate::disk::{dirs, Disk, Forget, Job, Ring, Start};
-use crate::format::record::{HEADER_LEN, MAX_KEY_LEN};
+use crate::format::record::{HEADER_LEN, MAX_KEY_LEN, MAX_META_LEN};
 use crate::format::volume::VOLUME_HEADER_LEN;
 use crate::index::{MAX_SLOTS, MAX_VOLUME_SIZE};
 use crate::memory::flight::Flights;
@@ -34,13 +34,28 @@ impl Store {
             tracing::warn!(asked = cfg.volume_size, using = v, "volume size out of range");
             cfg.volume_size = v;
         }
-        let fits = cfg.volume_size - VOLUME_HEADER_LEN - HEADER_LEN as u64 - MAX_KEY_LEN as u64;
-        if cfg.max_value_size > fits {
-            tracing::warn!(
-                max_value_size = cfg.max_value_size,
-                volume_size = cfg.volume_size,
-                "values larger than about {fits} bytes do not fit in one volume and will be refused"
-            );
+        // Any chunk record fits in a volume (longest key and metadata included); tiny chunks
+        // make huge tables. Volumes too small for a 4 KiB chunk hold every value whole.
+        // (and its length fits the record header's 32 bits).
+        let fits = cfg
+            .volume_size
+            .saturating_sub(VOLUME_HEADER_LEN + (HEADER_LEN + MAX_KEY_LEN + MAX_META_LEN) as u64)
+            .min(u32::MAX as u64 / 2);
+        if fits < 4096 {
+            cfg.chunk_size = u64::MAX;
+        } else if !(4096..=fits).contains(&cfg.chunk_size) {
+            let c = cfg.chunk_size.clamp(4096, fits);
+            tracing::warn!(asked = cfg.chunk_size, using = c, "chunk size out of range");
+            cfg.chunk_size = c;
+        }
+        // A value longer than a chunk spans volumes; a quarter of the ring keeps room for others
+        // (or a volume's worth, in a ring too small for that). Without chunks a value must fit
+        // in one volume, which each put checks.
+        let ring = cfg.volume_size * cfg.volume_count as u64;
+        let most = (ring / 4).max(cfg.volume_size);
+        if cfg.chunk_size != u64::MAX && cfg.max_value_size > most {
+            tracing::warn!(asked = cfg.max_value_size, using = most, "largest value above a quarter of the ring");
+            cfg.max_value_size = most;
         }
         let opened = dirs::open(&cfg.dirs, cfg.volume_size, cfg.volume_count, cfg.strict_dirs)?;
         let (mut manifest, dirs, hints_trusted) = (opened.manifest, opened.dirs, opened.hints_trusted);
@@ -78,6 +93,9 @@ impl Store {
         let (slot, offset) = rec.active.unwrap_or((rec.start_slot, VOLUME_HEADER_LEN));
         let start = Start { slot, offset, next_sequence: rec.next_sequence, last_stamp: rec.max_stored_ms };
         let mut disk = Disk::new(ring, rec.index, start, rec.report, forget);
+        for (slot, generation, offset) in rec.heads {
+            disk.heads.insert(slot, generation, offset);
+        }
         if rec.active.is_none() {
             // A new store, or one whose newest volume is in a missing directory: a new volume
             // in the slot after the newest.

@@ -153,7 +153,8 @@ impl Store {
             sh.index.count_read(hash, seen.loc, sh.ring.cfg.reinsert_min_hits);
         }
         let Some(m) = &self.memory else { return };
-        if !m.admit(hash, now_ms(), reads) {
+        // A value above the tier's limit stays on disk: memory is for values it holds many of.
+        if !self.memory_takes(v.len) || !m.admit(hash, now_ms(), reads) {
             return;
         }
         crate::pause::point("promote", key);

@@ -7,8 +7,9 @@ use super::Store;
 use crate::clock::now_ms;
 use crate::config::FsyncPolicy;
 use crate::disk::{same, Append, Got, Seen, Undo, Writer};
+use crate::format::large::{self, ChunkRef};
 use crate::format::meta;
-use crate::format::record::{self, Header, FLAG_TOMBSTONE, HEADER_LEN, MAX_KEY_LEN};
+use crate::format::record::{self, Header, FLAG_CHUNK, FLAG_HEAD, FLAG_TOMBSTONE, HEADER_LEN, MAX_KEY_LEN};
 use crate::format::volume::VOLUME_HEADER_LEN;
 use crate::index::Loc;
 use crate::memory::{Cached, Settled};
@@ -16,6 +17,43 @@ use crate::types::{Part, Position, Precondition, PutOptions, Stored, Version};
 use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
+
+/// A value record ready to be committed: its value bytes (the value, or a large value's chunk
+/// table), their CRC32C, metadata and flags; and the whole value's length and CRC32C.
+struct Prepared<'v> {
+    value: &'v [&'v [u8]],
+    value_crc: u32,
+    meta: Vec<u8>,
+    flags: u16,
+    len: u64,
+    crc: u32,
+    /// A head's chunks, which must all still be on disk when it is committed.
+    chunks: &'v [ChunkRef],
+}
+
+/// The chunks of a large value written so far, for its head.
+#[derive(Default)]
+pub(super) struct Upload {
+    pub chunks: Vec<ChunkRef>,
+    /// Bytes in the chunks, and their CRC32C.
+    pub len: u64,
+    pub crc: u32,
+    /// The append counts of the first and last chunk, whose syncs vouch for them.
+    first_append: u64,
+    last_append: u64,
+}
+
+impl Upload {
+    pub fn add(&mut self, (c, crc, appended): (ChunkRef, u32, u64), len: u64) {
+        if self.chunks.is_empty() {
+            self.first_append = appended;
+        }
+        self.last_append = appended;
+        self.chunks.push(c);
+        self.crc = record::crc32c_combine(self.crc, crc, len);
+        self.len += len;
+    }
+}
 
 /// What the index names for a key, as [`Store::lock_current`] saw it before the writer lock.
 struct Current {
@@ -27,6 +65,17 @@ struct Current {
 /// A header stamped now; `append` sets the generation and the encoder the lengths.
 fn new_header(flags: u16) -> Header {
     Header { flags, key_len: 0, value_len: 0, meta_len: 0, generation: 0, stored_ms: now_ms(), expiry_ms: 0, crc: 0 }
+}
+
+/// Fails with `Invalid` for a content type longer than the limit.
+pub(super) fn check_content_type(content_type: Option<&[u8]>) -> Result<()> {
+    match content_type.filter(|t| t.len() > meta::MAX_CONTENT_TYPE) {
+        Some(t) => Err(Error::new(
+            ErrorKind::Invalid,
+            format!("content type of {} bytes exceeds the limit of {} bytes", t.len(), meta::MAX_CONTENT_TYPE),
+        )),
+        None => Ok(()),
+    }
 }
 
 pub(super) fn check_key(key: &[u8]) -> Result<()> {
@@ -43,7 +92,7 @@ impl Store {
     /// The writer lock, unless `wait` is false and taking it (or appending `need` bytes) could
     /// block: the lock is held, a rotation is due (the volume is full, or its directory
     /// failed), or the policy syncs every write.
-    fn writer(&self, wait: bool, need: u64) -> Option<parking_lot::MutexGuard<'_, Writer>> {
+    fn writer_lock(&self, wait: bool, need: u64) -> Option<parking_lot::MutexGuard<'_, Writer>> {
         let sh = &*self.disk;
         if wait {
             return Some(sh.writer.lock());
@@ -61,7 +110,7 @@ impl Store {
     /// the lock, so that every writer never waits on one key's disk read; if a write of the
     /// key (or a turn of the ring) came in between, it is read again. After a few such rounds
     /// (a key written faster than one read takes) the read is made under the lock, which always
-    /// finishes. `Ok(None)` where a call that may not wait would (see [`Store::writer`]; a read
+    /// finishes. `Ok(None)` where a call that may not wait would (see [`Store::writer_lock`]; a read
     /// that would wait for the device too).
     fn lock_current(
         &self,
@@ -94,7 +143,7 @@ impl Store {
             if look && locked.is_none() {
                 crate::pause::point("write.looked", key);
             }
-            let Some(w) = locked.or_else(|| self.writer(wait, need)) else { return Ok(None) };
+            let Some(w) = locked.or_else(|| self.writer_lock(wait, need)) else { return Ok(None) };
             let now = sh.index.get(hash);
             if !look || last || (same(now, loc) && now.and_then(|l| sh.ring.live_generation(l)) == generation) {
                 return Ok(Some((w, Current { loc, live })));
@@ -103,57 +152,135 @@ impl Store {
         }
     }
 
+    /// Stores the value made of `value`'s parts in order.
     pub(super) fn put_inner(
         &self,
         key: &[u8],
-        value: &[u8],
+        value: &[&[u8]],
         opts: &PutOptions<'_>,
         wait: bool,
     ) -> Result<Option<Stored>> {
         check_key(key)?;
         let sh = &*self.disk;
-        if value.len() as u64 > sh.ring.cfg.max_value_size {
-            return Err(Error::new(
-                ErrorKind::TooLarge,
-                format!("value of {} bytes exceeds the limit of {} bytes", value.len(), sh.ring.cfg.max_value_size),
-            ));
+        let total_len: u64 = value.iter().map(|p| p.len() as u64).sum();
+        self.check_size(total_len)?;
+        check_content_type(opts.content_type)?;
+        let hash = sh.ring.hash(key);
+        // A value longer than a chunk goes to disk as chunk records first, each appended under
+        // the writer lock on its own so other writes flow meanwhile; then its head, below, is
+        // written and indexed as any value is. Until the head lands the key keeps its value.
+        let large = total_len > sh.ring.cfg.chunk_size;
+        if large && !wait {
+            return Ok(None);
         }
-        if let Some(t) = opts.content_type.filter(|t| t.len() > meta::MAX_CONTENT_TYPE) {
-            return Err(Error::new(
-                ErrorKind::Invalid,
-                format!("content type of {} bytes exceeds the limit of {} bytes", t.len(), meta::MAX_CONTENT_TYPE),
-            ));
+        if large {
+            let mut upload = Upload::default();
+            let size = sh.ring.cfg.chunk_size as usize;
+            // A chunk within one part is written from it; one across parts is joined first.
+            let (mut joined, mut i) = (Vec::new(), 0u32);
+            for mut part in value.iter().copied() {
+                while !part.is_empty() {
+                    if joined.is_empty() && part.len() >= size {
+                        upload.add(self.append_chunk(key, i, &part[..size])?, size as u64);
+                        (part, i) = (&part[size..], i + 1);
+                        continue;
+                    }
+                    let take = (size - joined.len()).min(part.len());
+                    joined.extend_from_slice(&part[..take]);
+                    part = &part[take..];
+                    if joined.len() == size {
+                        upload.add(self.append_chunk(key, i, &joined)?, size as u64);
+                        (joined, i) = (Vec::new(), i + 1);
+                    }
+                }
+            }
+            if !joined.is_empty() {
+                upload.add(self.append_chunk(key, i, &joined)?, joined.len() as u64);
+            }
+            return self.put_head(key, hash, &upload, opts);
         }
         // Outside the writer lock: one pass over the value for its checksum and, when it is
         // large, the block checksums a range read verifies.
-        let (value_crc, blocks) = meta::checksum(value);
-        let mut meta_block = Vec::new();
-        meta::encode(&mut meta_block, opts.content_type, blocks.as_ref());
-        let record_len = record::padded((HEADER_LEN + key.len() + meta_block.len() + value.len()) as u64);
-        if VOLUME_HEADER_LEN + record_len > sh.ring.cfg.volume_size || value.len() > u32::MAX as usize {
+        let (value_crc, blocks) = meta::checksum_parts(value);
+        let mut meta = Vec::new();
+        meta::encode(&mut meta, opts.content_type, blocks.as_ref());
+        let p = Prepared { value, value_crc, meta, flags: 0, len: total_len, crc: value_crc, chunks: &[] };
+        self.commit(key, hash, p, opts, wait)
+    }
+
+    /// Writes the head of a large value whose chunks are on disk.
+    pub(super) fn put_head(&self, key: &[u8], hash: u64, up: &Upload, opts: &PutOptions<'_>) -> Result<Option<Stored>> {
+        crate::pause::point("put.chunks", key);
+        // With every write durable when acknowledged, so are the chunks: a sync that covered
+        // one of them and failed fails the value (the head's own sync cannot vouch for them).
+        if self.disk.ring.cfg.fsync == FsyncPolicy::Always {
+            self.disk.durable_span(up.first_append, up.last_append)?;
+        }
+        let table = large::encode(&up.chunks);
+        let mut meta = Vec::new();
+        meta::encode(&mut meta, opts.content_type, None);
+        meta::encode_large(&mut meta, up.len, up.crc);
+        let p = Prepared {
+            value: &[&table],
+            value_crc: crc32c::crc32c(&table),
+            meta,
+            flags: FLAG_HEAD,
+            len: up.len,
+            crc: up.crc,
+            chunks: &up.chunks,
+        };
+        self.commit(key, hash, p, opts, true)
+    }
+
+    /// Appends, indexes and (with `FsyncPolicy::Always`) makes durable one value record: a
+    /// whole value, or a large value's head.
+    fn commit(
+        &self,
+        key: &[u8],
+        hash: u64,
+        p: Prepared<'_>,
+        opts: &PutOptions<'_>,
+        wait: bool,
+    ) -> Result<Option<Stored>> {
+        let sh = &*self.disk;
+        let Prepared { value, value_crc, meta: meta_block, flags, len: total_len, crc: total_crc, chunks } = p;
+        let large = flags == FLAG_HEAD;
+        let value_len: usize = value.iter().map(|p| p.len()).sum();
+        let record_len = record::padded((HEADER_LEN + key.len() + meta_block.len() + value_len) as u64);
+        if VOLUME_HEADER_LEN + record_len > sh.ring.cfg.volume_size || value_len > u32::MAX as usize {
             return Err(Error::new(
                 ErrorKind::TooLarge,
-                format!("value of {} bytes does not fit in a volume of {} bytes", value.len(), sh.ring.cfg.volume_size),
+                format!("value of {value_len} bytes does not fit in a volume of {} bytes", sh.ring.cfg.volume_size),
             ));
         }
-        let hash = sh.ring.hash(key);
         let always = sh.ring.cfg.fsync == FsyncPolicy::Always;
-        // What memory keeps of the value with `memory_on_put` (times are set below).
-        let mut cached = self.memory.as_ref().filter(|m| m.on_put()).map(|_| Cached {
-            data: Bytes::copy_from_slice(value),
-            position: Position { volume: 0, offset: 0, size: 0 },
-            stored_ms: 0,
-            expiry_ms: 0,
-            crc: value_crc,
-            content_type: opts.content_type.map(Bytes::copy_from_slice),
-        });
-        let mut header = new_header(0);
+        // What memory keeps of the value with `memory_on_put` (times are set below); never a
+        // large value.
+        let mut cached =
+            self.memory.as_ref().filter(|m| m.on_put() && !large && self.memory_takes(total_len)).map(|_| Cached {
+                data: Bytes::from(value.concat()),
+                position: Position { volume: 0, offset: 0, size: 0 },
+                stored_ms: 0,
+                expiry_ms: 0,
+                crc: value_crc,
+                content_type: opts.content_type.map(Bytes::copy_from_slice),
+            });
+        let mut header = new_header(flags);
         let looked = !opts.preconditions.is_empty();
-        let (pos, seen, seq) = {
+        let (pos, seen, seq, before) = {
             let Some((mut w, current)) = self.lock_current(hash, key, looked, wait, record_len)? else {
                 return Ok(None);
             };
             self.check(key, opts.preconditions, current.live)?;
+            // The ring turns only under this lock: a slow upload whose first chunks it already
+            // reused must not become a value that reads as gone.
+            if !chunks.iter().all(|c| sh.ring.holds(c)) {
+                return Err(Error::new(
+                    ErrorKind::NoSpace,
+                    "the ring reused the volume of the value's first chunks while it was written: \
+                     the value is too large for the ring at this write rate",
+                ));
+            }
             // Stamped under the lock, so store times (and versions) are unique and ordered.
             header.stored_ms = w.stamp();
             // By the clock, which expiry is checked against, not by the stamp: the stamp runs
@@ -168,8 +295,13 @@ impl Store {
                 return Ok(None);
             };
             // A colliding key loses its entry here: it becomes a miss, never a wrong value.
+            let generation = sh.ring.slots[loc.slot as usize].generation.load(Ordering::Relaxed);
+            // Known as a head before the index names it, so an expiry in between frees it.
+            if large {
+                sh.heads.insert(loc.slot, generation, loc.offset);
+            }
             let before = sh.index.insert(hash, loc);
-            let seen = Seen { loc, generation: sh.ring.slots[loc.slot as usize].generation.load(Ordering::Relaxed) };
+            let seen = Seen { loc, generation };
             if always {
                 w.undo.push(Undo { hash, key: key.into(), before, after: Some(loc) });
             }
@@ -181,7 +313,7 @@ impl Store {
             // only once it is: a failed sync undoes the index change.
             let offer = if always { None } else { cached.take().map(|c| (c, seen)) };
             self.reconcile_memory(hash, key, offer);
-            (pos, seen, w.appended)
+            (pos, seen, w.appended, before)
         };
         crate::pause::point("put.unlocked", key);
         if always {
@@ -190,9 +322,52 @@ impl Store {
                 self.reconcile_memory(hash, key, Some((c, seen)));
             }
         }
+        if let Some(before) = before {
+            sh.retired(before, seq);
+        }
         sh.ring.counters.puts.fetch_add(1, Ordering::Relaxed);
-        let version = Version { len: value.len() as u64, crc: value_crc, stored_ms: header.stored_ms };
+        let version = Version { len: total_len, crc: total_crc, stored_ms: header.stored_ms };
         Ok(Some(Stored { position: pos, version }))
+    }
+
+    /// Fails with `TooLarge` for a value longer than the configured limit.
+    pub(super) fn check_size(&self, len: u64) -> Result<()> {
+        let most = self.disk.ring.cfg.max_value_size;
+        if len > most {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!("value of {len} bytes exceeds the limit of {most} bytes"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Appends chunk number `index` of a large value of `key` under the writer lock (taken for
+    /// this chunk alone, so other writes flow between chunks); returns where it went and the
+    /// chunk's CRC32C and append count.
+    pub(super) fn append_chunk(&self, key: &[u8], index: u32, chunk: &[u8]) -> Result<(ChunkRef, u32, u64)> {
+        let sh = &*self.disk;
+        let (crc, blocks) = meta::checksum(chunk);
+        let mut m = Vec::new();
+        meta::encode(&mut m, None, blocks.as_ref());
+        meta::encode_chunk(&mut m, index);
+        let mut w = sh.writer.lock();
+        let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_CHUNK) };
+        let rec = Append { header, key, meta: &m, value: &[chunk], value_crc: crc };
+        let (pos, _) = sh.append(&mut w, true, &rec)?.expect("an append that may wait completes");
+        let s = &sh.ring.slots[pos.volume as usize];
+        let (generation, sequence) = (s.generation.load(Ordering::Relaxed), s.sequence.load(Ordering::Relaxed));
+        let appended = w.appended;
+        drop(w);
+        let c = ChunkRef {
+            slot: pos.volume as u16,
+            generation,
+            sequence,
+            offset: pos.offset,
+            record_len: pos.size as u32,
+            len: chunk.len() as u32,
+        };
+        Ok((c, crc, appended))
     }
 
     pub(super) fn delete_inner(&self, key: &[u8], preconditions: &[Precondition], wait: bool) -> Result<Option<bool>> {
@@ -200,22 +375,26 @@ impl Store {
         let sh = &*self.disk;
         let hash = sh.ring.hash(key);
         let need = record::padded((HEADER_LEN + key.len()) as u64);
-        let (seq, tombstone_only, in_memory) = {
+        let (seq, tombstone_only, in_memory, removed) = {
             let Some((mut w, current)) = self.lock_current(hash, key, true, wait, need)? else { return Ok(None) };
             self.check(key, preconditions, current.live)?;
             // A live value gets a tombstone; so does any key while a volume is left out of the
             // index (or in a missing directory), or holds a put undone after a failed sync: it
             // may hold the key, and the tombstone keeps it deleted when recovery meets that
             // record. An expired value needs none: it stays expired across restarts.
+            let mut removed = None;
             let (seq, tombstone_only) = if current.live.is_some() || sh.ring.degraded || w.has_strays(&sh.ring.slots) {
                 let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_TOMBSTONE) };
-                let rec = Append { header, key, meta: b"", value: b"", value_crc: crc32c::crc32c(b"") };
+                let rec = Append { header, key, meta: b"", value: &[], value_crc: crc32c::crc32c(b"") };
                 let Some(_) = sh.append(&mut w, wait, &rec)? else {
                     return Ok(None);
                 };
                 if let (Some(loc), Some(_)) = (current.loc, current.live) {
-                    if sh.index.remove_if_eq(hash, loc) && sh.ring.cfg.fsync == FsyncPolicy::Always {
-                        w.undo.push(Undo { hash, key: key.into(), before: Some(loc), after: None });
+                    if sh.index.remove_if_eq(hash, loc) {
+                        removed = Some(loc);
+                        if sh.ring.cfg.fsync == FsyncPolicy::Always {
+                            w.undo.push(Undo { hash, key: key.into(), before: Some(loc), after: None });
+                        }
                     }
                 }
                 (Some(w.appended), current.live.is_none())
@@ -230,10 +409,13 @@ impl Store {
                 Settled::Stored => None,
             };
             let now = now_ms();
-            (seq, tombstone_only, held.is_some_and(|c| c.expiry_ms == 0 || c.expiry_ms > now))
+            (seq, tombstone_only, held.is_some_and(|c| c.expiry_ms == 0 || c.expiry_ms > now), removed)
         };
         if let (Some(seq), FsyncPolicy::Always) = (seq, sh.ring.cfg.fsync) {
             sh.wait_durable(seq)?;
+        }
+        if let (Some(loc), Some(seq)) = (removed, seq) {
+            sh.retired(loc, seq);
         }
         let found = (seq.is_some() && !tombstone_only) || in_memory;
         if found {
