@@ -10,6 +10,8 @@
 //! scan those volumes instead, so they cost time, not data.
 
 use crate::format::hint::{Hint, HintEntry};
+use crate::format::large;
+use crate::format::record::{self, Header};
 use crate::format::volume::{hint_path, slot_of_file_name, volume_path, VolumeHeader, VOLUME_HEADER_LEN};
 pub use crate::recovery::scan::{scan_volume, ScanEvent, ScanOutcome, ScanRange};
 use crate::{io, Error, ErrorKind, Result};
@@ -49,6 +51,8 @@ pub struct CheckReport {
     pub torn_tail: Option<Finding>,
     /// Oddities that are neither damage nor mismatches (files of other slots and the like).
     pub notes: Vec<Finding>,
+    /// Chunks of large values that died and whose bodies were freed (punched): free space.
+    pub punched_chunks: u64,
 }
 
 impl CheckReport {
@@ -240,9 +244,25 @@ fn check_volume(
             compare(ev.offset(), entry);
         }
         match ev {
-            ScanEvent::Valid { offset, header, .. } => {
+            ScanEvent::Valid { offset, header, key } => {
                 if offset % (64 << 20) < header.padded_len() {
                     progress.bytes_done.store(done_before + offset, Ordering::Relaxed);
+                }
+                // The scan trusts a chunk's header; its body is verified here.
+                if header.is_chunk() {
+                    match chunk_body(file, offset, &header, vh.salt) {
+                        Ok(ChunkBody::Sound) => {}
+                        Ok(ChunkBody::Punched) => report.punched_chunks += 1,
+                        // Not among the scan's skipped records: `damaged` counts those.
+                        Ok(ChunkBody::Damaged) | Err(_) => {
+                            let what = format!(
+                                "chunk of key {:?} ({} bytes) fails its checksum",
+                                String::from_utf8_lossy(key),
+                                header.record_len()
+                            );
+                            report.corrupt.push(finding(&path, Some(offset), what));
+                        }
+                    }
                 }
             }
             ScanEvent::Damaged { offset, header, key } => {
@@ -280,6 +300,28 @@ fn check_volume(
         }
     }
     Ok(())
+}
+
+enum ChunkBody {
+    Sound,
+    /// Its value died and the whole pages of its body were punched: free space.
+    Punched,
+    Damaged,
+}
+
+/// Verifies the body of the chunk record at `offset`. A body that fails is a punched one if
+/// the pages a punch frees (those wholly inside the body) are a hole, and damage otherwise.
+fn chunk_body(file: &dyn io::FileIo, offset: u64, h: &Header, salt: u32) -> std::io::Result<ChunkBody> {
+    let len = h.record_len();
+    let mut buf = vec![0u8; len as usize];
+    let n = file.read_at_most(&mut buf, offset)?;
+    if n == buf.len() && record::decode(&buf, salt).is_ok() {
+        return Ok(ChunkBody::Sound);
+    }
+    Ok(match large::punched_range(offset, h) {
+        Some((from, to)) if file.is_hole(from, to - from)? => ChunkBody::Punched,
+        _ => ChunkBody::Damaged,
+    })
 }
 
 #[cfg(test)]

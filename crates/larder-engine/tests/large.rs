@@ -290,7 +290,8 @@ fn a_deleted_or_overwritten_large_value_gives_its_disk_blocks_back_at_once() {
         let stats = store.stats();
         println!("{end}: {} MiB freed, {} MiB punched", freed >> 20, (stats.punched_bytes - punched) >> 20);
         assert!(freed >= 11 << 20, "{end}: only {freed} bytes of a 12 MiB value came back");
-        assert!(stats.punched_bytes - punched >= 12 << 20);
+        // The whole pages of each chunk's body: with 64 KiB chunks, 15 of every 16 pages.
+        assert!(stats.punched_bytes - punched >= 11 << 20);
         assert!(
             stats.allocated_bytes < stats.bytes_used,
             "allocated {} of {}",
@@ -308,6 +309,37 @@ fn a_deleted_or_overwritten_large_value_gives_its_disk_blocks_back_at_once() {
     drop(store);
     let report = larder_engine::check::check_dir(dir.path(), &Default::default()).unwrap();
     assert!(report.corrupt.is_empty() && report.hint_mismatches.is_empty(), "{report:?}");
+    assert!(report.punched_chunks >= 2 * 192, "{} chunks seen as punched", report.punched_chunks);
+}
+
+#[test]
+fn zeros_that_are_not_a_punched_hole_are_damage_to_recovery_and_to_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 8);
+    let store = Store::open(cfg.clone()).unwrap();
+    let big = bytes(300 << 10, 1);
+    put(&store, b"big", &big); // its first chunk starts the first volume
+    put(&store, b"small", &[7u8; 3000]);
+    put(&store, b"after", b"a later record");
+    let at = store.get(b"small", &ReadOptions::default()).unwrap().unwrap().position;
+    drop(store);
+    let f = std::fs::OpenOptions::new().write(true).open(volume_path(dir.path(), at.volume as usize)).unwrap();
+    // Zeros written (allocated), not punched: over a page of the live chunk's body, and over
+    // the whole of the small record, header included.
+    f.write_all_at(&[0u8; 4096], 8192).unwrap();
+    f.write_all_at(&vec![0u8; at.size as usize], at.offset).unwrap();
+    drop(f);
+    let report = larder_engine::check::check_dir(dir.path(), &Default::default()).unwrap();
+    assert_eq!(report.punched_chunks, 0, "{report:?}");
+    assert!(report.corrupt.iter().any(|f| f.what.contains("chunk of key \"big\"")), "{report:?}");
+    assert!(report.corrupt.len() >= 2, "the zeroed record is not reported: {report:?}");
+    // Without its hint file, recovery scans the volume.
+    std::fs::remove_file(larder_engine::format::volume::hint_path(dir.path(), at.volume as usize)).unwrap();
+    let store = Store::open(cfg).unwrap();
+    assert!(store.stats().recovery.skipped >= 1, "recovery took the zeroed record for free space");
+    assert!(get(&store, b"small", Part::Whole).is_none());
+    assert!(get(&store, b"big", Part::Whole).is_none(), "a value with a zeroed chunk was served");
+    assert_eq!(&get(&store, b"after", Part::Whole).unwrap().data[..], b"a later record");
 }
 
 #[test]
@@ -323,7 +355,7 @@ fn a_large_value_loaded_from_a_hint_is_still_freed_when_deleted() {
     assert_eq!((r.checkpoint_loads, r.scans), (1, 0), "the volume was not loaded from its hint");
     assert!(store.delete(b"big", &DeleteOptions::default()).unwrap());
     store.settle();
-    assert!(store.stats().punched_bytes >= 6 << 20, "a head known only from a hint was not freed");
+    assert!(store.stats().punched_bytes >= 5 << 20, "a head known only from a hint was not freed");
 }
 
 #[test]
@@ -374,7 +406,7 @@ fn a_reader_keeps_a_value_deleted_under_it_and_its_blocks_are_freed_when_it_is_d
     assert!(get(&store, b"big", Part::Nothing).is_none());
     drop(reader);
     store.settle(); // the last reader out sends the punch
-    assert!(store.stats().punched_bytes >= 8 << 20, "the blocks were never freed");
+    assert!(store.stats().punched_bytes >= 7 << 20, "the blocks were never freed");
     assert_eq!(store.stats().corrupt_reads, 0);
 }
 
@@ -392,7 +424,7 @@ fn a_punch_waits_until_the_delete_is_durable_so_a_power_cut_never_revives_a_valu
     // fault layer takes a punch as durable at once, as a file system may.
     assert!(store.delete(b"big", &DeleteOptions::default()).unwrap());
     store.settle();
-    assert!(store.stats().punched_bytes >= 6 << 20);
+    assert!(store.stats().punched_bytes >= 5 << 20);
     faults::power_cut(dir.path()).unwrap();
     drop(store);
     faults::clear(dir.path());
@@ -478,4 +510,18 @@ fn a_value_given_in_parts_reads_back_as_if_it_had_been_given_whole() {
     let r = get(&store, b"blocks", Part::Range(ByteRange::Span(131_000, Some(132_000)))).unwrap();
     assert!(r.data[..] == value[131_000..=132_000]);
     assert!(get(&store, b"blocks", Part::Whole).unwrap().data == value);
+}
+
+#[test]
+fn a_look_at_a_large_value_reads_its_head_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(config(dir.path(), 8)).unwrap();
+    let value = bytes(1 << 20, 3);
+    put(&store, b"big", &value);
+    for nonblocking in [false, true] {
+        let reads = store.stats().disk_reads;
+        let v = store.get(b"big", &ReadOptions { part: Part::Nothing, nonblocking }).unwrap().unwrap();
+        assert_eq!(v.len, value.len() as u64);
+        assert_eq!(store.stats().disk_reads - reads, 1, "nonblocking: {nonblocking}");
+    }
 }

@@ -105,14 +105,17 @@ async fn read_body_of(app: &Arc<App>, store: &Store, key: &[u8], part: Part) -> 
 
 /// The body of an answer carrying `len` bytes of what was read. A large value's pieces are
 /// read on the blocking pool, one task per piece, as the client takes them (one more waits in
-/// between): a slow client holds no thread. A piece that fails ends the body with an error,
-/// which closes the connection.
-fn body_of(read: Read, len: u64) -> Body {
+/// between): a slow client holds no thread. They are held within the body budget (about two
+/// pieces). A piece that fails ends the body with an error, which closes the connection.
+fn body_of(app: &Arc<App>, read: Read, len: u64) -> Body {
     match read {
         Read::Value(v) => Body::full(v.data),
         Read::Pieces(mut r) => {
             let (tx, rx) = tokio::sync::mpsc::channel(1);
+            let app = app.clone();
             tokio::spawn(async move {
+                let chunk = app.store.get().expect("store is ready before reads are routed").config().chunk_size;
+                let _room = app.body_budget.reserve(len.min(2 * chunk)).await;
                 loop {
                     // Room for the piece first, so no piece is read for a client gone away.
                     let Ok(permit) = tx.reserve().await else { break };
@@ -233,7 +236,7 @@ pub async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>,
     }
     let v = read.value().clone();
     let Part::Range(range) = part else {
-        let mut r = with_body(StatusCode::OK, body_of(read, v.len));
+        let mut r = with_body(StatusCode::OK, body_of(app, read, v.len));
         describe(&mut r, &v);
         return r;
     };
@@ -243,7 +246,7 @@ pub async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>,
         r.headers_mut().insert(CONTENT_RANGE, unsatisfied);
         return r;
     };
-    let mut r = with_body(StatusCode::PARTIAL_CONTENT, body_of(read, end - start));
+    let mut r = with_body(StatusCode::PARTIAL_CONTENT, body_of(app, read, end - start));
     describe(&mut r, &v);
     let content_range = format!("bytes {}-{}/{}", start, end - 1, v.len);
     r.headers_mut().insert(CONTENT_RANGE, HeaderValue::try_from(content_range).expect("ASCII"));
@@ -426,6 +429,7 @@ async fn put_streamed(
     // Frames are at most hyper's read buffer (about 400 KiB): with the writer's one pending
     // chunk, an upload holds about two chunks.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Piece>(2);
+    let _turn = app.uploads.acquire().await.expect("the uploads' semaphore is never closed");
     // Spawned now, not when awaited: it must take frames while they are sent.
     let app2 = app.clone();
     let writing = tokio::task::spawn_blocking(move || {

@@ -25,9 +25,17 @@ pub struct App {
     pub started: Instant,
     /// Set on SIGTERM/SIGINT: health answers 503 and every answer closes its connection.
     pub shutting_down: AtomicBool,
-    /// Room for request bodies held in memory (`--max-body-memory`).
+    /// Room for request bodies held in memory (`--max-body-memory`), and for the pieces of
+    /// large values being sent.
     pub body_budget: BodyBudget,
+    /// Streamed uploads being written: each holds a thread of the blocking pool while its body
+    /// arrives, so their number is bounded ([`MAX_STREAMED_UPLOADS`]); more wait their turn.
+    pub uploads: tokio::sync::Semaphore,
 }
+
+/// Streamed uploads written at once: a quarter of the blocking pool's 512 threads, so that
+/// reads that must wait for the disk always find threads.
+pub const MAX_STREAMED_UPLOADS: usize = 128;
 
 /// The connection's count of requests the server holds up, handed to the handler of a PUT.
 /// While it is above zero the connection's idle timeout does not run, so that waiting for room

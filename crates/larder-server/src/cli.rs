@@ -232,10 +232,19 @@ pub fn get(a: GetArgs) -> i32 {
 }
 
 /// Writes what `body` yields to `path` through a temporary file beside it, renamed over `path`
-/// only once the whole value is in: a value cut short never leaves a partial file behind.
+/// only once the whole value is in: a value cut short never leaves a partial file behind. The
+/// file gets the permissions of the one it replaces, or those of a new file. A path that is
+/// not a regular file (`/dev/null`, a pipe) is written to directly.
 fn write_whole(path: &std::path::Path, body: &mut impl Read) -> std::io::Result<u64> {
+    use std::os::unix::fs::PermissionsExt;
+    let permissions = match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => return std::io::copy(body, &mut std::fs::File::create(path)?),
+        Ok(m) => m.permissions(),
+        // Masked by the umask, as any new file's.
+        Err(_) => std::fs::Permissions::from_mode(0o666),
+    };
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    let mut tmp = tempfile::Builder::new().permissions(permissions).tempfile_in(dir)?;
     let n = std::io::copy(body, &mut tmp)?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(n)

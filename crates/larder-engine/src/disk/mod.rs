@@ -78,10 +78,11 @@ pub(crate) struct Heads {
 }
 
 impl Heads {
+    // The count changes under the set's lock, so that it never says none while some remain.
     pub fn insert(&self, slot: u16, generation: u32, offset: u64) {
-        if self.set.lock().insert((slot, generation, offset)) {
-            self.count.fetch_add(1, Ordering::Relaxed);
-        }
+        let mut set = self.set.lock();
+        set.insert((slot, generation, offset));
+        self.count.store(set.len(), Ordering::Relaxed);
     }
 
     /// Whether the record there was a large value's head (and it is forgotten).
@@ -89,10 +90,9 @@ impl Heads {
         if self.count.load(Ordering::Relaxed) == 0 {
             return false;
         }
-        let taken = self.set.lock().remove(&(slot, generation, offset));
-        if taken {
-            self.count.fetch_sub(1, Ordering::Relaxed);
-        }
+        let mut set = self.set.lock();
+        let taken = set.remove(&(slot, generation, offset));
+        self.count.store(set.len(), Ordering::Relaxed);
         taken
     }
 

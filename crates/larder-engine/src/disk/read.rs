@@ -249,6 +249,14 @@ impl Disk {
         (self.forget)(hash, key);
     }
 
+    /// The large value whose head is at `loc` lost a chunk: its entry goes, and the chunks it
+    /// still has are freed.
+    fn lost(&self, hash: u64, loc: Loc) {
+        if self.index.remove_if_eq(hash, loc) {
+            self.retired(loc, 0);
+        }
+    }
+
     /// Reads `part` of the large value whose verified head record `head` was read from `loc`:
     /// only the chunks the part overlaps, each verified. The value is gone (and its entry
     /// dropped) when the ring has reused the slot of any of its chunks, which is known from
@@ -268,7 +276,7 @@ impl Disk {
             return Ok(Got::Gone);
         };
         if !chunks.iter().all(|c| self.ring.holds(c)) {
-            self.index.remove_if_eq(hash, loc);
+            self.lost(hash, loc);
             return Ok(Got::Gone);
         }
         let (start, end) = match part {
@@ -308,7 +316,7 @@ impl Disk {
                 }
                 // A chunk lost or damaged: the value is gone as a whole, never served in part.
                 _ => {
-                    self.index.remove_if_eq(hash, loc);
+                    self.lost(hash, loc);
                     return Ok(Got::Gone);
                 }
             }
@@ -327,15 +335,15 @@ impl Disk {
         Ok(Got::Value(value, h.generation))
     }
 
-    /// The chunk table of the large value `key`'s index entry names, with that entry; `None`
-    /// when it names no large value (nothing, or a value of one record).
-    pub fn chunk_table(&self, hash: u64, key: &[u8]) -> Result<Option<(Loc, Vec<large::ChunkRef>)>> {
+    /// The chunk table of the large value `key`'s index entry names, with that entry and the
+    /// head's store time (which names one write); `None` when it names no large value.
+    pub fn chunk_table(&self, hash: u64, key: &[u8]) -> Result<Option<(Loc, Vec<large::ChunkRef>, u64)>> {
         let Some(loc) = self.index.get(hash) else { return Ok(None) };
         let Fetch::Record(head) = self.fetch(hash, loc, false)? else { return Ok(None) };
         if !head.header.is_head() || head.key() != key {
             return Ok(None);
         }
-        Ok(large::decode(head.value()).map(|t| (loc, t)))
+        Ok(large::decode(head.value()).map(|t| (loc, t, head.header.stored_ms)))
     }
 
     /// Bytes `s..e` of chunk `c` of the large value of `key` whose head is at `head`, verified;
@@ -354,7 +362,7 @@ impl Disk {
         match self.ring.holds(c).then(|| self.fetch_part(hash, cloc, key, sub, false)).transpose()? {
             Some(Got::Value(v, g)) if g == c.generation && v.data.len() as u64 == e - s => Ok(Some(v.data)),
             _ => {
-                self.index.remove_if_eq(hash, head);
+                self.lost(hash, head);
                 Ok(None)
             }
         }

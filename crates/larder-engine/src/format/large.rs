@@ -8,7 +8,20 @@
 //! recovery discarded starts its generations again, but every volume started after a head was
 //! written has a higher sequence than any volume holding its chunks.
 
+use super::record::{Header, HEADER_LEN};
 use bytes::{Buf, BufMut};
+
+/// The unit of a punch: the file system frees whole pages only.
+const PAGE: u64 = 4096;
+
+/// What a punch frees of the chunk record at `offset` when its value dies: the whole pages of
+/// its body. The header stays, so that a scan still knows the record and reads the hole as
+/// free space. `None` when the body holds no whole page.
+pub fn punched_range(offset: u64, h: &Header) -> Option<(u64, u64)> {
+    let body = offset + (HEADER_LEN + h.key_len as usize + h.meta_len as usize) as u64;
+    let (from, to) = (body.next_multiple_of(PAGE), (offset + h.record_len()) / PAGE * PAGE);
+    (from < to).then_some((from, to))
+}
 
 /// Bytes per table entry.
 pub const CHUNK_REF_LEN: usize = 32;

@@ -575,6 +575,10 @@ impl FileIo for FaultyFile {
     fn allocated(&self) -> io::Result<u64> {
         self.os.allocated()
     }
+
+    fn is_hole(&self, offset: u64, len: u64) -> io::Result<bool> {
+        self.os.is_hole(offset, len)
+    }
 }
 
 /// Before a sync of the directory `dir` (opened just for it): its rules apply, looked up by

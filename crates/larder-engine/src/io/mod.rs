@@ -47,6 +47,9 @@ pub trait FileIo: Send + Sync {
     /// Bytes of disk the file occupies (its allocated blocks), for comparing with its length.
     fn allocated(&self) -> io::Result<u64>;
 
+    /// Whether `offset..offset + len` holds no data: a hole, as [`FileIo::punch_hole`] leaves.
+    fn is_hole(&self, offset: u64, len: u64) -> io::Result<bool>;
+
     /// Whether the file is empty.
     fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
@@ -162,6 +165,16 @@ impl FileIo for File {
     fn allocated(&self) -> io::Result<u64> {
         use std::os::unix::fs::MetadataExt;
         Ok(self.metadata()?.blocks() * 512)
+    }
+
+    fn is_hole(&self, offset: u64, len: u64) -> io::Result<bool> {
+        // The next data at or after `offset`; none at all is ENXIO. Positioned I/O only is
+        // used on these files, so moving the file offset is harmless.
+        match rustix::fs::seek(self, rustix::fs::SeekFrom::Data(offset)) {
+            Ok(next) => Ok(next >= offset + len),
+            Err(rustix::io::Errno::NXIO) => Ok(true),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

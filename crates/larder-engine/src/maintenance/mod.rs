@@ -51,13 +51,14 @@ fn run_job(disk: &Disk, memory: Option<&Memory>, job: Job) {
     }
 }
 
-/// Frees the disk blocks of the chunks of the large value whose head is at `head`: each run of
-/// adjacent chunks whose records verify as this value's is one `fallocate(PUNCH_HOLE)`, made
-/// under the writer lock so that the ring cannot reuse a chunk's volume between the check and
-/// the punch. Not before the write that retired the value (append number `after`) is durable,
-/// whatever the fsync policy, nor while a reader streams the value.
+/// Frees the disk blocks of the chunks of the large value whose head is at `head`: the
+/// whole pages of each chunk's body, whose record verifies as this value's chunk. Its header
+/// stays, so that recovery and `larder check` read a chunk whose body is a hole (free space)
+/// and never meet bare zeros, which they count as damage. Not before the write that retired
+/// the value (append number `after`) is durable, whatever the fsync policy, nor while a reader
+/// streams the value.
 fn punch(disk: &Disk, head: crate::index::Loc, generation: u32, after: u64) {
-    use crate::format::{large, record};
+    use crate::format::large;
     if disk.punch_waits(head, generation, after) {
         return; // the last reader sends it again
     }
@@ -70,42 +71,31 @@ fn punch(disk: &Disk, head: crate::index::Loc, generation: u32, after: u64) {
         return;
     }
     let Some(chunks) = large::decode(r.value()) else { return };
-    // Runs of adjacent chunks: the first chunk (for its volume) and the byte range.
-    let mut runs: Vec<(large::ChunkRef, u64, u64)> = Vec::new();
     for c in &chunks {
         // Only bytes that still are this value's chunk: the record there must verify (its
         // salted header checksum), be a chunk, of this key and of the length the table says.
         let cloc = disk.ring.loc(c.slot as usize, c.generation, c.offset, c.record_len as u64);
-        let ours = disk.ring.holds(c)
-            && matches!(disk.ring.header_at(cloc, r.key()), Ok(Some(h)) if h.is_chunk() && h.record_len() == c.record_len as u64);
-        if !ours {
-            continue;
-        }
-        let end = c.offset + record::padded(c.record_len as u64);
-        match runs.last_mut() {
-            Some((first, _, to))
-                if (first.slot, first.generation, first.sequence, *to)
-                    == (c.slot, c.generation, c.sequence, c.offset) =>
-            {
-                *to = end
-            }
-            _ => runs.push((*c, c.offset, end)),
-        }
-    }
-    // A slot's bytes change only when the ring restarts it, under the writer lock: with the
-    // volume unchanged under the lock, what was verified above is still there.
-    let _w = disk.writer.lock();
-    for (first, from, to) in runs {
-        let slot = first.slot;
-        if !disk.ring.holds(&first) {
+        let h = match disk.ring.holds(c).then(|| disk.ring.header_at(cloc, r.key())) {
+            Some(Ok(Some(h))) if h.is_chunk() && h.record_len() == c.record_len as u64 => h,
+            _ => continue,
+        };
+        let Some((from, to)) = large::punched_range(c.offset, &h) else { continue };
+        // A slot's bytes change only when the ring restarts it, under the writer lock: with
+        // the volume unchanged under the lock, what was verified above is still there. One
+        // chunk at a time, so that writes wait for one `fallocate` at most.
+        let _w = disk.writer.lock();
+        if !disk.ring.holds(c) {
             continue; // the ring reused it: nothing of the value is left there
         }
-        let Some(file) = disk.ring.slots[slot as usize].file() else { continue };
+        let Some(file) = disk.ring.slots[c.slot as usize].file() else { continue };
         match file.punch_hole(from, to - from) {
             Ok(()) => {
                 disk.ring.counters.punched_bytes.fetch_add(to - from, Ordering::Relaxed);
             }
-            Err(e) => tracing::warn!(slot, error = %e, "could not free a dead value's chunks; the ring will"),
+            Err(e) => {
+                tracing::warn!(slot = c.slot, error = %e, "could not free a dead value's chunks; the ring will");
+                return;
+            }
         }
     }
 }

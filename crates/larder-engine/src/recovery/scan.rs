@@ -143,15 +143,6 @@ pub fn scan_volume(
     let mut pos = start;
     while pos + HEADER_LEN as u64 <= end {
         let head = w.at(pos, HEADER_LEN + MAX_KEY_LEN)?;
-        // A punched hole (the chunks of a large value that died) reads as zeros, and no
-        // record starts with zeros: free space, skipped, not damage.
-        if head.get(..HEADER_LEN).is_some_and(|h| h.iter().all(|&b| b == 0)) {
-            pos = skip_zeros(&mut w, pos, end)?;
-            if pending.is_empty() && pending_gaps == 0 {
-                out.valid_end = pos; // a hole is part of what was written
-            }
-            continue;
-        }
         match record::decode_header(head, salt) {
             Ok(h) if h.generation != generation => break,
             Ok(h) => {
@@ -159,18 +150,29 @@ pub fn scan_volume(
                 if pos + len > end {
                     break; // torn tail
                 }
-                let rec = w.at(pos, len as usize)?;
-                if rec.len() < len as usize {
+                // A chunk of a large value is read and verified by the reads that need it, through
+                // its head; nothing here indexes it. Its header is enough to go on, and its body may
+                // be a punched hole (the value died): free space, not damage.
+                let key_end = HEADER_LEN + h.key_len as usize;
+                let rec = match h.is_chunk() {
+                    true if head.len() >= key_end => Ok(&head[..key_end]),
+                    _ => w.at(pos, len as usize),
+                }?;
+                if rec.len() < if h.is_chunk() { key_end } else { len as usize } {
                     break; // the file shrank under us (the ring reused the slot)
                 }
-                match record::decode(rec, salt) {
-                    Ok(r) => {
+                let verified = match h.is_chunk() {
+                    true => Ok(&rec[HEADER_LEN..key_end]),
+                    false => record::decode(rec, salt).map(|r| r.key),
+                };
+                match verified {
+                    Ok(key) => {
                         for (offset, header, key) in pending.drain(..) {
                             on_event(ScanEvent::Damaged { offset, header, key: &key });
                         }
                         out.skipped += pending_gaps;
                         pending_gaps = 0;
-                        on_event(ScanEvent::Valid { offset: pos, header: h, key: r.key });
+                        on_event(ScanEvent::Valid { offset: pos, header: h, key });
                         out.records += 1;
                         pos += h.padded_len();
                         out.valid_end = pos;
@@ -204,20 +206,6 @@ pub fn scan_volume(
     Ok(out)
 }
 
-/// The first 8-aligned offset from `from` whose 8 bytes are not all zero (or `end`).
-fn skip_zeros(w: &mut Window<'_>, from: u64, end: u64) -> std::io::Result<u64> {
-    let mut p = from;
-    while p < end {
-        let b = w.at(p, 8)?;
-        let word = &b[..b.len().min(8)];
-        if word.is_empty() || word.iter().any(|&x| x != 0) {
-            break;
-        }
-        p += record::ALIGN;
-    }
-    Ok(p.min(end))
-}
-
 /// The next 8-aligned offset after a damaged stretch where a whole valid record of
 /// `generation` starts, if any.
 fn resync(w: &mut Window<'_>, from: u64, end: u64, generation: u32, salt: u32) -> std::io::Result<Option<u64>> {
@@ -227,8 +215,9 @@ fn resync(w: &mut Window<'_>, from: u64, end: u64, generation: u32, salt: u32) -
         if record::starts_like_record(b) {
             if let Ok(h) = record::decode_header(b, salt) {
                 if h.generation == generation && p + h.record_len() <= end {
+                    // A chunk's salted header is enough, as in the scan (its body may be a hole).
                     let len = h.record_len() as usize;
-                    if record::decode(w.at(p, len)?, salt).is_ok() {
+                    if h.is_chunk() || record::decode(w.at(p, len)?, salt).is_ok() {
                         return Ok(Some(p));
                     }
                 }

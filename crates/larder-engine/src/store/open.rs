@@ -49,10 +49,11 @@ impl Store {
             cfg.chunk_size = c;
         }
         // A value longer than a chunk spans volumes; a quarter of the ring keeps room for others
-        // (or a volume's worth, in a ring too small for that). Without chunks a value must fit
-        // in one volume, which each put checks.
+        // (a value of one record, up to a chunk, is allowed in any ring: it needs one volume).
+        // A larger value could reach round onto its own first chunk. Without chunks a value
+        // must fit in one volume, which each put checks.
         let ring = cfg.volume_size * cfg.volume_count as u64;
-        let most = (ring / 4).max(cfg.volume_size);
+        let most = (ring / 4).max(cfg.chunk_size);
         if cfg.chunk_size != u64::MAX && cfg.max_value_size > most {
             tracing::warn!(asked = cfg.max_value_size, using = most, "largest value above a quarter of the ring");
             cfg.max_value_size = most;

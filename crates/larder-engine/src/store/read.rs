@@ -56,19 +56,28 @@ impl Store {
         if let Some(v) = self.memory_hit(hash, key, count) {
             return Ok(Some(Some(v.narrow(part))));
         }
-        let found = match sh.index.get(hash) {
-            None => None,
-            Some(loc) => match sh.fetch_part(hash, loc, key, part, !wait)? {
+        let mut found = None;
+        // A large value replaced under the read is gone by the time its chunks are held: the
+        // read goes round again for the value that replaced it (a few times at most).
+        let mut looked: Option<crate::index::Loc> = None;
+        for _ in 0..3 {
+            let Some(loc) = sh.index.get(hash) else { break };
+            if looked.is_some_and(|l| l.same_place(loc)) {
+                break;
+            }
+            looked = Some(loc);
+            match sh.fetch_part(hash, loc, key, part, !wait)? {
                 Got::WouldBlock => return Ok(None),
-                Got::Gone => None,
+                Got::Gone => continue,
                 Got::Value(v, _) => {
                     if matches!(part, Part::Range(_)) && sh.ring.cfg.reinsert_min_hits > 0 {
                         sh.index.count_read(hash, loc, sh.ring.cfg.reinsert_min_hits);
                     }
-                    Some(v)
+                    found = Some(v);
+                    break;
                 }
-            },
-        };
+            }
+        }
         if count {
             let c = if found.is_some() { &sh.ring.counters.hits } else { &sh.ring.counters.misses };
             c.fetch_add(1, Ordering::Relaxed);

@@ -150,9 +150,8 @@ impl Store {
                 Part::Range(r) => r.resolve(head.len).unwrap_or((0, 0)),
             };
             let pieces = match self.disk.chunk_table(hash, key)? {
-                Some((loc, chunks))
-                    if loc.offset == head.position.offset && loc.slot as u32 == head.position.volume =>
-                {
+                // The same write: store times are unique.
+                Some((loc, chunks, stored_ms)) if stored_ms == head.stored_ms => {
                     // Not pinned: replaced or deleted since the look, perhaps already punched.
                     let Some(generation) = self.disk.ring.live_generation(loc).filter(|&g| self.disk.pin(loc, g))
                     else {

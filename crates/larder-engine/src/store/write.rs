@@ -273,13 +273,13 @@ impl Store {
             };
             self.check(key, opts.preconditions, current.live)?;
             // The ring turns only under this lock: a slow upload whose first chunks it already
-            // reused must not become a value that reads as gone.
+            // reused must not become a value that reads as gone. A head that will not fit turns
+            // the ring here, before the check, rather than in the append after it.
+            if large && w.offset + record_len > sh.ring.cfg.volume_size {
+                sh.rotate(&mut w)?;
+            }
             if !chunks.iter().all(|c| sh.ring.holds(c)) {
-                return Err(Error::new(
-                    ErrorKind::NoSpace,
-                    "the ring reused the volume of the value's first chunks while it was written: \
-                     the value is too large for the ring at this write rate",
-                ));
+                return Err(chunks_reused());
             }
             // Stamped under the lock, so store times (and versions) are unique and ordered.
             header.stored_ms = w.stamp();
@@ -294,6 +294,12 @@ impl Store {
             let Some((pos, loc)) = sh.append(&mut w, wait, &rec)? else {
                 return Ok(None);
             };
+            // The append itself may have turned the ring (a full device, a failed directory):
+            // the head then stays unindexed. Recovery may index it, and reads answer its key
+            // as absent (its first chunk is gone), never with other bytes.
+            if large && !chunks.iter().all(|c| sh.ring.holds(c)) {
+                return Err(chunks_reused());
+            }
             // A colliding key loses its entry here: it becomes a miss, never a wrong value.
             let generation = sh.ring.slots[loc.slot as usize].generation.load(Ordering::Relaxed);
             // Known as a head before the index names it, so an expiry in between frees it.
@@ -452,4 +458,12 @@ impl Store {
             Some(why) => Err(Error::new(ErrorKind::PreconditionFailed, why)),
         }
     }
+}
+
+fn chunks_reused() -> Error {
+    Error::new(
+        ErrorKind::NoSpace,
+        "the ring reused the volume of the value's first chunks while it was written: \
+         the value is too large for the ring at this write rate",
+    )
 }
