@@ -68,10 +68,9 @@ impl Disk {
             return Ok(Fetch::Gone);
         };
         let salt = slot.salt.load(Ordering::Acquire);
-        let mut buf = vec![0u8; record::size_class_bytes(loc.class) as usize];
-        let Some(n) = self.ring.read(slot, file, &mut buf, loc.offset, nowait)? else { return Ok(Fetch::WouldBlock) };
+        let len = record::size_class_bytes(loc.class) as usize;
+        let Some(buf) = self.ring.read_new(slot, file, len, loc.offset, nowait)? else { return Ok(Fetch::WouldBlock) };
         self.ring.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
-        buf.truncate(n);
         let (header, value) = match record::decode(&buf, salt) {
             Ok(r) => (r.header, r.value_range),
             // Only a complete blocking read marks damage: the blocking path reads again.
@@ -156,10 +155,10 @@ impl Disk {
             return Ok(Got::Gone);
         };
         let salt = slot.salt.load(Ordering::Acquire);
-        let mut front = vec![0u8; PREFIX_READ];
-        let Some(n) = self.ring.read(slot, file, &mut front, loc.offset, nowait)? else { return Ok(Got::WouldBlock) };
+        let Some(front) = self.ring.read_new(slot, file, PREFIX_READ, loc.offset, nowait)? else {
+            return Ok(Got::WouldBlock);
+        };
         self.ring.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
-        front.truncate(n);
         let (h, meta_block) = match record::decode_prefix(&front, salt) {
             Ok(x) => x,
             Err(_) if nowait => return Ok(Got::WouldBlock),
@@ -204,12 +203,12 @@ impl Disk {
             let (first, last) = (start / size, (end - 1) / size);
             let (from, to) = (first * size, ((last + 1) * size).min(len));
             let value_at = loc.offset + (HEADER_LEN + h.key_len as usize + h.meta_len as usize) as u64;
-            let mut buf = vec![0u8; (to - from) as usize];
-            let Some(n) = self.ring.read(slot, file, &mut buf, value_at + from, nowait)? else {
+            let want = (to - from) as usize;
+            let Some(buf) = self.ring.read_new(slot, file, want, value_at + from, nowait)? else {
                 return Ok(Got::WouldBlock);
             };
             self.ring.counters.disk_reads.fetch_add(1, Ordering::Relaxed);
-            if n < buf.len() {
+            if buf.len() < want {
                 if nowait {
                     return Ok(Got::WouldBlock);
                 }

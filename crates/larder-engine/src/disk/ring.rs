@@ -214,13 +214,32 @@ impl Ring {
         nowait: bool,
     ) -> Result<Option<usize>> {
         let r = if nowait { file.read_cached_at_most(buf, offset) } else { file.read_at_most(buf, offset).map(Some) };
-        let n = r.map_err(|e| {
-            self.counters.read_failures.fetch_add(1, Ordering::Relaxed);
-            Error::io("reading a record", e)
-        })?;
-        // The slot's length is stored before the index names a record in it, so a reader that
-        // found the record sees at least its end.
-        let there = slot.len.load(Ordering::Acquire).saturating_sub(offset).min(buf.len() as u64) as usize;
-        Ok(n.filter(|&n| !nowait || n >= there))
+        let n = r.map_err(|e| self.read_failed(e))?;
+        Ok(n.filter(|&n| !nowait || n >= self.there(slot, offset, buf.len())))
+    }
+
+    /// [`Ring::read`] into a new buffer of `len` bytes, not zeroed first; it is as long as
+    /// what was read.
+    pub fn read_new(
+        &self,
+        slot: &SlotState,
+        file: &dyn io::FileIo,
+        len: usize,
+        offset: u64,
+        nowait: bool,
+    ) -> Result<Option<Vec<u8>>> {
+        let buf = io::read_new(file, len, offset, nowait).map_err(|e| self.read_failed(e))?;
+        Ok(buf.filter(|b| !nowait || b.len() >= self.there(slot, offset, len)))
+    }
+
+    fn read_failed(&self, e: std::io::Error) -> Error {
+        self.counters.read_failures.fetch_add(1, Ordering::Relaxed);
+        Error::io("reading a record", e)
+    }
+
+    /// Bytes of `len` at `offset` that the slot's file holds. Its length is stored before the
+    /// index names a record in it, so a reader that found the record sees at least its end.
+    fn there(&self, slot: &SlotState, offset: u64, len: usize) -> usize {
+        slot.len.load(Ordering::Acquire).saturating_sub(offset).min(len as u64) as usize
     }
 }

@@ -520,6 +520,29 @@ impl FileIo for FaultyFile {
         }
     }
 
+    fn read_uninit(
+        &self,
+        buf: &mut [std::mem::MaybeUninit<u8>],
+        offset: u64,
+        nowait: bool,
+    ) -> io::Result<Option<usize>> {
+        // As `read_at_most` and `read_cached_at_most` apply the rules.
+        let mut hook = self.before(Op::Read, nowait);
+        if !nowait {
+            if let Some(e) = hook.take_failure() {
+                return Err(e);
+            }
+            return self.os.read_uninit(buf, offset, false);
+        }
+        match hook.take_verdict() {
+            Verdict::Proceed | Verdict::Short(..) => self.os.read_uninit(buf, offset, true),
+            Verdict::Fail(e) => Err(e),
+            // A slow device: the page is not cached.
+            Verdict::Delay(_) => Ok(None),
+            Verdict::ShortRead => self.os.read_uninit(buf, offset, false).map(|n| n.map(|n| n / 2)),
+        }
+    }
+
     fn write_all_vectored_at(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
         let len = parts.iter().map(|p| p.len()).sum();
         let mut hook = self.before_change(offset, len, None);
