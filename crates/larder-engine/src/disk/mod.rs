@@ -3,6 +3,7 @@
 //! and request coalescing sit above it (see `store`), and background work is done by
 //! `maintenance`, which this layer only sends jobs to.
 
+pub(crate) mod bufs;
 pub(crate) mod dirs;
 mod durable;
 mod log;

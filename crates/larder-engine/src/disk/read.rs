@@ -114,7 +114,7 @@ impl Disk {
             return None;
         }
         let meta_at = HEADER_LEN + h.key_len as usize..rec.value.0;
-        let buf = Bytes::from(rec.buf);
+        let buf = super::bufs::into_bytes(rec.buf);
         let content_type = Meta::parse(&buf[meta_at]).content_type.map(|t| buf.slice_ref(t));
         Some(Value {
             data: buf.slice(rec.value.0..rec.value.1),
@@ -224,7 +224,7 @@ impl Disk {
                     return Ok(Got::Gone);
                 }
             }
-            Bytes::from(buf).slice((start - from) as usize..(end - from) as usize)
+            super::bufs::into_bytes(buf).slice((start - from) as usize..(end - from) as usize)
         };
         let value = Value {
             data,

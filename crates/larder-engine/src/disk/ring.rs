@@ -218,8 +218,8 @@ impl Ring {
         Ok(n.filter(|&n| !nowait || n >= self.there(slot, offset, buf.len())))
     }
 
-    /// [`Ring::read`] into a new buffer of `len` bytes, not zeroed first; it is as long as
-    /// what was read.
+    /// [`Ring::read`] into a buffer of `len` bytes, not zeroed first (an idle one, for a large
+    /// record); it is as long as what was read.
     pub fn read_new(
         &self,
         slot: &SlotState,
@@ -228,7 +228,7 @@ impl Ring {
         offset: u64,
         nowait: bool,
     ) -> Result<Option<Vec<u8>>> {
-        let buf = io::read_new(file, len, offset, nowait).map_err(|e| self.read_failed(e))?;
+        let buf = io::read_new(file, super::bufs::take(len), len, offset, nowait).map_err(|e| self.read_failed(e))?;
         Ok(buf.filter(|b| !nowait || b.len() >= self.there(slot, offset, len)))
     }
 

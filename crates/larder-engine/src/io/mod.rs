@@ -96,11 +96,18 @@ pub fn open(path: &Path, mode: Mode) -> io::Result<Handle> {
     Ok(Box::new(file))
 }
 
-/// Reads `len` bytes at `offset` of `file` into a new buffer, not zeroed first ([`FileIo::read_uninit`]);
-/// the buffer is as long as what was read (short at EOF). `None` if `nowait` and reading would
-/// wait for the device.
-pub fn read_new(file: &dyn FileIo, len: usize, offset: u64, nowait: bool) -> io::Result<Option<Vec<u8>>> {
-    let mut buf = Vec::with_capacity(len);
+/// Reads `len` bytes at `offset` of `file` into `buf`, an empty buffer whose memory is not
+/// zeroed first ([`FileIo::read_uninit`]); it is then as long as what was read (short at EOF).
+/// `None` if `nowait` and reading would wait for the device.
+pub fn read_new(
+    file: &dyn FileIo,
+    mut buf: Vec<u8>,
+    len: usize,
+    offset: u64,
+    nowait: bool,
+) -> io::Result<Option<Vec<u8>>> {
+    buf.clear();
+    buf.reserve_exact(len);
     let Some(n) = file.read_uninit(&mut buf.spare_capacity_mut()[..len], offset, nowait)? else {
         return Ok(None);
     };
