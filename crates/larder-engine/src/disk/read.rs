@@ -226,18 +226,8 @@ impl Disk {
             }
             super::bufs::into_bytes(buf).slice((start - from) as usize..(end - from) as usize)
         };
-        let value = Value {
-            data,
-            start,
-            len,
-            crc: record::value_crc(&front, &h, salt),
-            content_type: meta.content_type.map(Bytes::copy_from_slice),
-            position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
-            stored_ms: h.stored_ms,
-            expiry_ms: h.expiry_ms,
-            tier: Tier::Disk,
-        };
-        Ok(Got::Value(value, h.generation))
+        let crc = record::value_crc(&front, &h, salt);
+        Ok(Got::Value(part_of(loc, &h, data, (start, len, crc), meta.content_type), h.generation))
     }
 
     /// An expired entry found at `loc`: out of the index, then out of memory.
@@ -320,18 +310,7 @@ impl Disk {
                 }
             }
         }
-        let value = Value {
-            data: Bytes::from(data),
-            start,
-            len,
-            crc,
-            content_type: meta.content_type.map(Bytes::copy_from_slice),
-            position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
-            stored_ms: h.stored_ms,
-            expiry_ms: h.expiry_ms,
-            tier: Tier::Disk,
-        };
-        Ok(Got::Value(value, h.generation))
+        Ok(Got::Value(part_of(loc, &h, Bytes::from(data), (start, len, crc), meta.content_type), h.generation))
     }
 
     /// The chunk table of the large value `key`'s index entry names, with that entry and the
@@ -365,6 +344,28 @@ impl Disk {
                 Ok(None)
             }
         }
+    }
+}
+
+/// The part `data` (from byte `start`) of the value of length `len` and checksum `crc` whose
+/// record, with header `h`, is at `loc`.
+fn part_of(
+    loc: Loc,
+    h: &Header,
+    data: Bytes,
+    (start, len, crc): (u64, u64, u32),
+    content_type: Option<&[u8]>,
+) -> Value {
+    Value {
+        data,
+        start,
+        len,
+        crc,
+        content_type: content_type.map(Bytes::copy_from_slice),
+        position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
+        stored_ms: h.stored_ms,
+        expiry_ms: h.expiry_ms,
+        tier: Tier::Disk,
     }
 }
 
