@@ -105,17 +105,21 @@ async fn read_body_of(app: &Arc<App>, store: &Store, key: &[u8], part: Part) -> 
 
 /// The body of an answer carrying `len` bytes of what was read. A large value's pieces are
 /// read on the blocking pool, one task per piece, as the client takes them (one more waits in
-/// between): a slow client holds no thread. They are held within the body budget (about two
-/// pieces). A piece that fails ends the body with an error, which closes the connection.
-fn body_of(app: &Arc<App>, read: Read, len: u64) -> Body {
+/// between): a slow client holds no thread. They are held within the body budget (two
+/// pieces), whose room is waited for before the answer starts, as a held request (`held`):
+/// the connection's idle timeout does not run meanwhile. A piece that fails ends the body with
+/// an error, which closes the connection.
+async fn body_of(app: &Arc<App>, held: Option<&Held>, read: Read, len: u64) -> Body {
     match read {
         Read::Value(v) => Body::full(v.data),
         Read::Pieces(mut r) => {
+            let chunk = app.store.get().expect("store is ready before reads are routed").config().chunk_size;
+            let holding = Holding::new(held);
+            let room = app.body_budget.reserve_exact(len.min(2 * chunk)).await;
+            drop(holding);
             let (tx, rx) = tokio::sync::mpsc::channel(1);
-            let app = app.clone();
             tokio::spawn(async move {
-                let chunk = app.store.get().expect("store is ready before reads are routed").config().chunk_size;
-                let _room = app.body_budget.reserve(len.min(2 * chunk)).await;
+                let _room = room;
                 loop {
                     // Room for the piece first, so no piece is read for a client gone away.
                     let Ok(permit) = tx.reserve().await else { break };
@@ -181,7 +185,14 @@ fn with_body(status: StatusCode, body: Body) -> Resp {
 /// A plain or ranged GET is one read: of the whole value, or of just the blocks that hold the
 /// range. A HEAD or a revalidation first reads only what describes the value (for a large
 /// value, the front of its record), so that a 304 never reads the body.
-pub async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>, req: &HeaderMap, head: bool) -> Resp {
+pub async fn get(
+    app: &Arc<App>,
+    store: &Store,
+    key: std::borrow::Cow<'_, [u8]>,
+    req: &HeaderMap,
+    head: bool,
+    held: Option<&Held>,
+) -> Resp {
     let found = |r: larder_engine::Result<Option<Value>>| match r {
         Ok(Some(v)) => Ok(v),
         Ok(None) => Err(Box::new(text(StatusCode::NOT_FOUND, "not found\n"))),
@@ -236,7 +247,7 @@ pub async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>,
     }
     let v = read.value().clone();
     let Part::Range(range) = part else {
-        let mut r = with_body(StatusCode::OK, body_of(app, read, v.len));
+        let mut r = with_body(StatusCode::OK, body_of(app, held, read, v.len).await);
         describe(&mut r, &v);
         return r;
     };
@@ -246,7 +257,7 @@ pub async fn get(app: &Arc<App>, store: &Store, key: std::borrow::Cow<'_, [u8]>,
         r.headers_mut().insert(CONTENT_RANGE, unsatisfied);
         return r;
     };
-    let mut r = with_body(StatusCode::PARTIAL_CONTENT, body_of(app, read, end - start));
+    let mut r = with_body(StatusCode::PARTIAL_CONTENT, body_of(app, held, read, end - start).await);
     describe(&mut r, &v);
     let content_range = format!("bytes {}-{}/{}", start, end - 1, v.len);
     r.headers_mut().insert(CONTENT_RANGE, HeaderValue::try_from(content_range).expect("ASCII"));
@@ -367,13 +378,18 @@ pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Opt
     // Room for the body before a byte of it is read; a body of unknown length (chunked) gets
     // the largest it may be, and gives back what it did not use once it is in. One reservation
     // per request, so that requests never hold part of the budget while waiting for more.
+    // A streamed upload takes its turn among them first, so that one waiting holds no budget.
     let holding = Holding::new(held.as_ref());
+    let turn = match streamed {
+        true => Some(app.uploads.acquire().await.expect("the uploads' semaphore is never closed")),
+        false => None,
+    };
     let want = if streamed { declared.unwrap_or(limit).min(2 * chunk) } else { declared.unwrap_or(limit) };
     let mut room = app.body_budget.reserve(want).await;
     drop(holding);
     if streamed {
         let result = put_streamed(app, req.into_body(), key, extra, limit).await;
-        drop(room);
+        drop((room, turn));
         return result.unwrap_or_else(|r| *r);
     }
     let (body, len) = match read_body(req.into_body(), limit).await {
@@ -429,7 +445,6 @@ async fn put_streamed(
     // Frames are at most hyper's read buffer (about 400 KiB): with the writer's one pending
     // chunk, an upload holds about two chunks.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Piece>(2);
-    let _turn = app.uploads.acquire().await.expect("the uploads' semaphore is never closed");
     // Spawned now, not when awaited: it must take frames while they are sent.
     let app2 = app.clone();
     let writing = tokio::task::spawn_blocking(move || {

@@ -84,6 +84,13 @@ impl BodyBudget {
         self.room.clone().acquire_many_owned(kib).await.expect("the budget is never closed")
     }
 
+    /// Waits for room for `bytes` exactly: the pieces of a large value being sent, which pass
+    /// through no read buffer.
+    pub async fn reserve_exact(&self, bytes: u64) -> tokio::sync::OwnedSemaphorePermit {
+        let kib = bytes.div_ceil(1024).min(self.kib as u64) as u32;
+        self.room.clone().acquire_many_owned(kib).await.expect("the budget is never closed")
+    }
+
     /// What a body of `bytes` costs the budget: itself and its share of the read buffer.
     pub fn charge(bytes: u64) -> u64 {
         bytes + bytes.min(400 << 10)

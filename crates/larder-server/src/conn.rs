@@ -300,7 +300,8 @@ async fn serve_connection(
         seen.started.fetch_add(1, Ordering::Relaxed);
         // Only a PUT can be held up by the server (see `Activity::held`); other requests pay
         // nothing for it.
-        let held = (req.method() == hyper::Method::PUT).then(|| Held(seen.held.clone()));
+        // A PUT may wait for room for its body, a GET for room for a large value's pieces.
+        let held = matches!(*req.method(), hyper::Method::PUT | hyper::Method::GET).then(|| Held(seen.held.clone()));
         let (app, seen) = (app.clone(), seen.clone());
         async move {
             let mut resp = handle(app.clone(), req, held).await?;

@@ -19,7 +19,7 @@ use std::time::Instant;
 const ALLOWED: &str = "GET, HEAD, PUT, DELETE";
 
 /// Handles one request, timing it for the slow-request warning and the access log.
-/// `held` is the connection's count of held requests, given for a PUT (see [`Held`]).
+/// `held` is the connection's count of held requests, given for a PUT and a GET (see [`Held`]).
 pub async fn handle(
     app: Arc<App>,
     req: Request<Incoming>,
@@ -90,8 +90,8 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
         return text(StatusCode::SERVICE_UNAVAILABLE, "recovering; try again shortly\n");
     };
     match *req.method() {
-        Method::GET => api::get(app, store, key, req.headers(), false).await,
-        Method::HEAD => api::get(app, store, key, req.headers(), true).await,
+        Method::GET => api::get(app, store, key, req.headers(), false, held.as_ref()).await,
+        Method::HEAD => api::get(app, store, key, req.headers(), true, None).await,
         Method::PUT => {
             let key = key.into_owned();
             // Boxed, as are DELETE and the admin handlers: this future is moved whole for every
