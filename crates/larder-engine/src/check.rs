@@ -238,6 +238,7 @@ fn check_volume(
         generation: vh.generation,
         salt: vh.salt,
         torn_tail_possible: is_active,
+        values_checked: true,
     };
     let outcome = scan_volume(file, range, |ev| {
         if let Some(entry) = seed.and_then(|seed| ev.hint_entry(xxhash_rust::xxh3::xxh3_64_with_seed(ev.key(), seed))) {

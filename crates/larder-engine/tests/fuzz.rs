@@ -127,6 +127,7 @@ fn scan_checks(bytes: &[u8], torn_tail_possible: bool) -> Result<(), TestCaseErr
         generation: GENERATION,
         salt: SALT,
         torn_tail_possible,
+        values_checked: true,
     };
     let mut valid = Vec::new();
     let outcome = scan_volume(&f, range, |e| {

@@ -46,7 +46,10 @@ pub(crate) fn write_hint(
             r
         })
     };
-    scan_hint_entries(&disk.ring, file, len, generation, salt, |entry, stored_ms| {
+    // A volume this process wrote is read by its headers only; one found at recovery is read
+    // whole, so that its hint names exactly the records recovery took as valid.
+    let values_checked = through.is_none();
+    scan_hint_entries(&disk.ring, file, len, generation, salt, values_checked, |entry, stored_ms| {
         if failed.is_some() {
             return; // the scan runs to its end; nothing more is kept
         }

@@ -109,16 +109,19 @@ pub(super) fn load_hint(
 }
 
 /// Scans the first `len` bytes of a volume and hands `f` each record's hint entry and store
-/// time, in volume order (nothing is collected: the caller streams them).
+/// time, in volume order (nothing is collected: the caller streams them). `values_checked`: see
+/// [`ScanRange::values_checked`].
 pub(crate) fn scan_hint_entries(
     ring: &Ring,
     file: &dyn crate::io::FileIo,
     len: u64,
     generation: u32,
     salt: u32,
+    values_checked: bool,
     mut f: impl FnMut(HintEntry, u64),
 ) -> std::io::Result<()> {
-    let range = ScanRange { start: VOLUME_HEADER_LEN, end: len, generation, salt, torn_tail_possible: false };
+    let range =
+        ScanRange { start: VOLUME_HEADER_LEN, end: len, generation, salt, torn_tail_possible: false, values_checked };
     scan_volume(file, range, |ev| {
         if let Some(entry) = ev.hint_entry(ring.hash(ev.key())) {
             f(entry, ev.header().stored_ms)

@@ -337,6 +337,7 @@ pub(crate) fn recover(ring: &Ring, hints_trusted: bool, progress: &RecoveryProgr
             generation: vh.generation,
             salt: vh.salt,
             torn_tail_possible: is_active,
+            values_checked: true,
         };
         let scan_base = done_bytes - costs[i];
         let mut seen = 0u64;
