@@ -56,6 +56,11 @@ pub struct CompareArgs {
     /// too): values streamed over a few connections, throughput, CPU per GiB and peak RSS.
     #[arg(long)]
     pub large: bool,
+    /// More `larder serve` arguments, after the runner's own, e.g.
+    /// `--larder-arg=--memory-capacity=2GiB` (not the runner's `--volume-size`,
+    /// `--volume-count` or `--log-level`). The results' first line names them.
+    #[arg(long = "larder-arg", allow_hyphen_values = true)]
+    pub larder_args: Vec<String>,
 }
 
 /// A large-value workload: `conns` connections at once, each making `per_conn` requests.
@@ -228,6 +233,7 @@ fn start_servers(a: &CompareArgs, dir: &Path) -> Result<(Server, Server)> {
         .args(["--volume-size", "1GiB", "--volume-count", "24"])
         // Slow-request warnings would bury the progress lines; errors still show.
         .args(["--log-level", "error"])
+        .args(&a.larder_args)
         .stdout(Stdio::null())
         .spawn()
         .with_context(|| format!("starting {:?} (build it with cargo build --release)", a.larder))?;
@@ -488,6 +494,9 @@ fn run_in(a: &CompareArgs, dir: &Path, machine: &str) -> Result<(String, Vec<Run
         "Machine: {machine}. Each row: median of {} alternating runs of {:?} per server (min–max in brackets), 64 connections, one loader thread on core {}, servers on core {}.\n\n",
         a.rounds, a.duration, a.loader_core, a.server_core
     );
+    if !a.larder_args.is_empty() {
+        md.push_str(&format!("larder ran with `{}`.\n\n", a.larder_args.join(" ")));
+    }
     md.push_str(&table(&pairs));
     if a.large {
         md.push_str(&run_large(a, &larder, &nginx)?);
