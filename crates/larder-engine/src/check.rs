@@ -116,6 +116,14 @@ pub fn check_dirs(dirs: &[PathBuf], progress: &CheckProgress) -> Result<CheckRep
             Some(_) => report.notes.push(finding(&path, None, "manifest copy fails its checksum (another is sound)")),
         }
     }
+    for dir in dirs {
+        let path = dir.join(crate::format::flush::FILE_NAME);
+        if let Ok(bytes) = std::fs::read(&path) {
+            if crate::format::flush::Flush::decode(&bytes).is_none() {
+                report.corrupt.push(finding(&path, None, "flush file fails its checksum"));
+            }
+        }
+    }
     let seed = seed.map(|s| s.1);
     if seed.is_none() {
         report.notes.push(finding(&dirs[0], None, "no sound manifest: hint files cannot be compared"));

@@ -54,6 +54,6 @@ pub use io::{faults, FileIo};
 pub use stats::{DirState, DirStats, RecoveryProgress, RecoveryReport, Stats};
 pub use store::{Store, ValueReader, ValueWriter};
 pub use types::{
-    unmet, ByteRange, DeleteOptions, Part, Position, Precondition, PutOptions, ReadOptions, Stored, Tier, Value,
-    Version,
+    unmet, ByteRange, DeleteOptions, Expiry, Part, Position, Precondition, PutOptions, ReadOptions, Stored, Tier,
+    Value, Version,
 };

@@ -32,6 +32,9 @@ pub enum Precondition {
     /// The current value, if any, was stored no later than this second of the Unix epoch
     /// (`If-Unmodified-Since`; HTTP dates have whole seconds).
     UnmodifiedSince(u64),
+    /// The key has a value with exactly this store time (memcached's `cas`: store times are
+    /// stamped under the writer lock and never repeat in a store, so one names one write).
+    StoredAt(u64),
 }
 
 impl Precondition {
@@ -43,6 +46,7 @@ impl Precondition {
             Precondition::OneOf(vs) => current.is_some_and(|c| vs.contains(&c)),
             Precondition::NoneOf(vs) => current.is_none_or(|c| !vs.contains(&c)),
             Precondition::UnmodifiedSince(secs) => current.is_none_or(|c| c.stored_ms / 1000 <= *secs),
+            Precondition::StoredAt(ms) => current.is_some_and(|c| c.stored_ms == *ms),
         }
     }
 }
@@ -55,6 +59,7 @@ pub fn unmet(preconditions: &[Precondition], current: Option<Version>) -> Option
         (Precondition::Absent, _) => "the key already has a value",
         (Precondition::UnmodifiedSince(_), _) => "the key's value was stored after the given time",
         (_, None) => "the key has no value",
+        (Precondition::StoredAt(_), Some(_)) => "the key was written since",
         (Precondition::NoneOf(_), Some(_)) => "the key's current version is one of those given",
         (_, Some(_)) => "the key's current version is not one of those given",
     })
@@ -87,13 +92,48 @@ pub struct DeleteOptions<'a> {
     pub nonblocking: bool,
 }
 
+/// When a stored value expires. An expired key reads as absent and is dropped when next read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Expiry {
+    /// Lives until evicted.
+    #[default]
+    Never,
+    /// This long after the write, by the clock. Zero stores a value that is expired at once
+    /// (it still replaces the previous one).
+    After(std::time::Duration),
+    /// At this time, ms since the Unix epoch; a time already past (or 0) stores a value that is
+    /// expired at once.
+    At(u64),
+}
+
+impl Expiry {
+    /// The expiry time written in a record stamped at clock time `now` (0 = never).
+    pub(crate) fn at(self, now: u64) -> u64 {
+        match self {
+            Expiry::Never => 0,
+            Expiry::After(t) if t.is_zero() => 1,
+            Expiry::After(t) => now.max(1).saturating_add(t.as_millis() as u64),
+            Expiry::At(ms) => ms.max(1),
+        }
+    }
+
+    /// The expiry of a stored value whose expiry time is `expiry_ms` (0 = never), to keep it
+    /// when the value is rewritten.
+    pub fn of(expiry_ms: u64) -> Expiry {
+        match expiry_ms {
+            0 => Expiry::Never,
+            ms => Expiry::At(ms),
+        }
+    }
+}
+
 /// How to store a value; `Default` is a plain put that may block.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PutOptions<'a> {
-    /// How long the value lives, counted from its store time; `None` = until evicted. An
-    /// expired key reads as absent and is dropped when next read. `Some(ZERO)` stores a value
-    /// that is expired at once (it still replaces the previous one).
-    pub ttl: Option<std::time::Duration>,
+    /// When the value expires.
+    pub expiry: Expiry,
+    /// Client flags stored with the value and returned with it (memcached's item flags).
+    pub flags: u32,
     /// Media type stored with the value (at most `MAX_CONTENT_TYPE` bytes).
     pub content_type: Option<&'a [u8]>,
     /// All must hold, or the put fails with `ErrorKind::PreconditionFailed` and stores nothing.
@@ -192,6 +232,8 @@ pub struct Value {
     pub stored_ms: u64,
     /// When it expires, ms since the Unix epoch; 0 = never.
     pub expiry_ms: u64,
+    /// The client flags stored with it (0 when none were).
+    pub flags: u32,
     /// Which tier answered. For a memory hit, `position` is where the value was read from
     /// when it was promoted (reinsertion may have moved the record since).
     pub tier: Tier,

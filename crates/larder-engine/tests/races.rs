@@ -9,8 +9,8 @@
 use larder_engine::faults::{self, Rule};
 use larder_engine::pause;
 use larder_engine::{
-    ByteRange, DeleteOptions, ErrorKind, FsyncPolicy, MemoryConfig, Part, Precondition, PutOptions, ReadOptions, Store,
-    StoreConfig,
+    ByteRange, DeleteOptions, ErrorKind, Expiry, FsyncPolicy, MemoryConfig, Part, Precondition, PutOptions,
+    ReadOptions, Store, StoreConfig,
 };
 use std::path::Path;
 use std::sync::mpsc;
@@ -170,7 +170,7 @@ fn a_conditional_write_after_a_put_never_checks_against_the_replaced_value() {
     let unlocked = pause::arm("put.unlocked", b"cas-k");
     let store = &store;
     std::thread::scope(|s| {
-        let expired = PutOptions { ttl: Some(Duration::ZERO), ..PutOptions::default() };
+        let expired = PutOptions { expiry: Expiry::After(Duration::ZERO), ..PutOptions::default() };
         let put = s.spawn(move || store_put(store, &expired));
         assert!(unlocked.wait_arrived(ARRIVAL), "the PUT never released the writer lock");
         let cas = PutOptions { preconditions: &[Precondition::OneOf(vec![v1])], ..PutOptions::default() };

@@ -1,7 +1,7 @@
 //! Expiry, content types, versions, partial reads and conditional writes, used directly.
 
 use larder_engine::{
-    now_ms, ByteRange, DeleteOptions, ErrorKind, FsyncPolicy, MemoryConfig, Part, Precondition, PutOptions,
+    now_ms, ByteRange, DeleteOptions, ErrorKind, Expiry, FsyncPolicy, MemoryConfig, Part, Precondition, PutOptions,
     ReadOptions, Store, StoreConfig, Tier,
 };
 use std::io::{Seek, SeekFrom, Write};
@@ -31,9 +31,11 @@ fn expired_keys_are_absent_before_and_after_a_restart_and_dropped_when_read() {
     let dir = tempfile::tempdir().unwrap();
     for memory in [0, 1 << 20] {
         let store = Store::open(config(dir.path(), memory)).unwrap();
-        let soon = PutOptions { ttl: Some(Duration::from_millis(600)), ..PutOptions::default() };
+        let soon = PutOptions { expiry: Expiry::After(Duration::from_millis(600)), ..PutOptions::default() };
         store.put(b"short", b"lived", &soon).unwrap();
-        store.put(b"later", b"lived", &PutOptions { ttl: Some(Duration::from_millis(600_000)), ..soon }).unwrap();
+        store
+            .put(b"later", b"lived", &PutOptions { expiry: Expiry::After(Duration::from_millis(600_000)), ..soon })
+            .unwrap();
         store.put(b"forever", b"lived", &PutOptions::default()).unwrap();
         let v = store.get(b"short", &ReadOptions::default()).unwrap().expect("not expired yet");
         assert!(v.expiry_ms > now_ms());
@@ -48,7 +50,11 @@ fn expired_keys_are_absent_before_and_after_a_restart_and_dropped_when_read() {
                 && store.get(b"forever", &ReadOptions::default()).unwrap().is_some()
         );
         store
-            .put(b"short", b"again", &PutOptions { ttl: Some(Duration::from_millis(600)), ..PutOptions::default() })
+            .put(
+                b"short",
+                b"again",
+                &PutOptions { expiry: Expiry::After(Duration::from_millis(600)), ..PutOptions::default() },
+            )
             .unwrap();
         drop(store);
         std::thread::sleep(Duration::from_millis(700));
@@ -239,7 +245,7 @@ fn expired_entries_are_neither_promoted_nor_reinserted() {
     let mut cfg = config(dir.path(), 1 << 20);
     (cfg.volume_size, cfg.volume_count, cfg.memory.promote_after, cfg.reinsert_min_hits) = (64 << 10, 3, 2, 1);
     let store = Store::open(cfg).unwrap();
-    let ttl = || PutOptions { ttl: Some(Duration::from_millis(600)), ..PutOptions::default() };
+    let ttl = || PutOptions { expiry: Expiry::After(Duration::from_millis(600)), ..PutOptions::default() };
     store.put(b"promote-me", b"v", &ttl()).unwrap();
     store.put(b"reinsert-me", b"v", &ttl()).unwrap();
     // One disk read each before expiry: half-way to promotion, and read enough to reinsert.
@@ -329,14 +335,18 @@ fn deleting_an_expired_key_finds_nothing_and_a_zero_ttl_replaces_with_an_expired
     let dir = tempfile::tempdir().unwrap();
     for memory in [0, 1 << 20] {
         let store = Store::open(config(dir.path(), memory)).unwrap();
-        store.put(b"k", b"v", &PutOptions { ttl: Some(Duration::from_millis(100)), ..PutOptions::default() }).unwrap();
+        store
+            .put(b"k", b"v", &PutOptions { expiry: Expiry::After(Duration::from_millis(100)), ..PutOptions::default() })
+            .unwrap();
         let _ = store.get(b"k", &ReadOptions::default()).unwrap(); // into memory when it is on
         std::thread::sleep(Duration::from_millis(150));
         let deletes = store.stats().deletes;
         assert!(!store.delete(b"k", &DeleteOptions::default()).unwrap(), "memory {memory}: an expired key is absent");
         assert_eq!(store.stats().deletes, deletes);
         store.put(b"z", b"old", &PutOptions::default()).unwrap();
-        store.put(b"z", b"new", &PutOptions { ttl: Some(Duration::ZERO), ..PutOptions::default() }).unwrap();
+        store
+            .put(b"z", b"new", &PutOptions { expiry: Expiry::After(Duration::ZERO), ..PutOptions::default() })
+            .unwrap();
         assert!(
             store.get(b"z", &ReadOptions::default()).unwrap().is_none(),
             "expired at once, and the old value is gone"

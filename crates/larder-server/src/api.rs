@@ -14,8 +14,8 @@ use hyper::header::{
 };
 use hyper::{Request, Response, StatusCode};
 use larder_engine::{
-    now_ms, DeleteOptions, ErrorKind, Part, Precondition, PutOptions, ReadOptions, Store, Tier, Value, ValueReader,
-    MAX_CONTENT_TYPE,
+    now_ms, DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store, Tier, Value,
+    ValueReader, MAX_CONTENT_TYPE,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -337,7 +337,8 @@ impl PutHeaders {
 
     fn options(&self) -> PutOptions<'_> {
         PutOptions {
-            ttl: self.ttl,
+            expiry: self.ttl.map_or(Expiry::Never, Expiry::After),
+            flags: 0,
             content_type: self.content_type.as_deref(),
             preconditions: &self.preconditions,
             nonblocking: false,

@@ -328,12 +328,19 @@ pub(crate) fn save_manifest(manifest: &mut Manifest, dirs: &[DataDir]) -> Result
     // From the clock, so that of two copies written in different runs (each while the other's
     // directory was missing) the later wins, not the one saved more often.
     manifest.epoch = (manifest.epoch + 1).max(crate::clock::now_ms());
+    save_everywhere(dirs, manifest::FILE_NAME, &manifest.encode(), "the manifest")
+}
+
+/// Writes the file `name` atomically into every usable directory (the store's own files,
+/// of which each directory keeps a copy). A directory where it cannot be written is marked
+/// failed; it is an error only if no copy was written.
+pub(crate) fn save_everywhere(dirs: &[DataDir], name: &str, bytes: &[u8], what: &str) -> Result<()> {
     // If every present directory has failed, try them anyway: they may have recovered.
     let any_usable = dirs.iter().any(|d| d.usable());
     let mut saved = false;
     let mut last = None;
     for d in dirs.iter().filter(|d| d.usable() || (!any_usable && d.present)) {
-        match io::write_atomic(&d.path.join(manifest::FILE_NAME), &manifest.encode()) {
+        match io::write_atomic(&d.path.join(name), bytes) {
             Ok(()) => saved = true,
             Err(e) => {
                 d.fail(&e);
@@ -343,8 +350,8 @@ pub(crate) fn save_manifest(manifest: &mut Manifest, dirs: &[DataDir]) -> Result
     }
     match (saved, last) {
         (true, _) => Ok(()),
-        (false, Some(e)) => Err(Error::io("writing the manifest", e)),
-        (false, None) => Err(Error::new(ErrorKind::Io, "no data directory is usable to write the manifest")),
+        (false, Some(e)) => Err(Error::io(format!("writing {what}"), e)),
+        (false, None) => Err(Error::new(ErrorKind::Io, format!("no data directory is usable to write {what}"))),
     }
 }
 

@@ -6,11 +6,13 @@
 pub(crate) mod bufs;
 pub(crate) mod dirs;
 mod durable;
+mod flush;
 mod log;
 mod read;
 mod ring;
 
 pub(crate) use durable::{same, Undo};
+pub(crate) use flush::Flushes;
 pub(crate) use log::{Append, Writer};
 pub(crate) use read::{Fetch, Got, Record};
 pub(crate) use ring::{Ring, NO_DIR};
@@ -152,11 +154,20 @@ pub(crate) struct Disk {
     pub recovery: RecoveryReport,
     pub heads: Heads,
     pins: Pins,
+    /// The flushes in force (`flush_all`).
+    pub flushes: Flushes,
 }
 
 impl Disk {
     /// The engine over `ring` with the index recovery rebuilt; the writer goes on at `start`.
-    pub fn new(ring: Ring, index: Index, start: Start, recovery: RecoveryReport, forget: Forget) -> Disk {
+    pub fn new(
+        ring: Ring,
+        index: Index,
+        start: Start,
+        recovery: RecoveryReport,
+        forget: Forget,
+        flushes: Flushes,
+    ) -> Disk {
         let writer = Writer {
             active: start.slot,
             offset: start.offset,
@@ -184,6 +195,7 @@ impl Disk {
             recovery,
             heads: Heads::default(),
             pins: Pins::default(),
+            flushes,
         }
     }
 

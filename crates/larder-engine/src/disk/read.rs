@@ -39,8 +39,9 @@ impl Record {
         &self.buf[self.value.0..self.value.1]
     }
 
-    pub fn expired(&self, now: u64) -> bool {
-        self.header.expiry_ms != 0 && self.header.expiry_ms <= now
+    /// Whether its value is dead at `now`: expired, or flushed.
+    pub fn dead(&self, disk: &Disk, now: u64) -> bool {
+        disk.dead(self.header.stored_ms, self.header.expiry_ms, now)
     }
 }
 
@@ -109,13 +110,14 @@ impl Disk {
         if rec.key() != key || h.is_tombstone() {
             return None;
         }
-        if rec.expired(now_ms()) {
+        if rec.dead(self, now_ms()) {
             self.expire(hash, loc, key);
             return None;
         }
         let meta_at = HEADER_LEN + h.key_len as usize..rec.value.0;
         let buf = super::bufs::into_bytes(rec.buf);
-        let content_type = Meta::parse(&buf[meta_at]).content_type.map(|t| buf.slice_ref(t));
+        let meta = Meta::parse(&buf[meta_at]);
+        let content_type = meta.content_type.map(|t| buf.slice_ref(t));
         Some(Value {
             data: buf.slice(rec.value.0..rec.value.1),
             start: 0,
@@ -125,6 +127,7 @@ impl Disk {
             position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
             stored_ms: h.stored_ms,
             expiry_ms: h.expiry_ms,
+            flags: meta.flags,
             tier: Tier::Disk,
         })
     }
@@ -171,7 +174,7 @@ impl Disk {
         {
             return Ok(Got::Gone);
         }
-        if h.expiry_ms != 0 && h.expiry_ms <= now_ms() {
+        if self.dead(h.stored_ms, h.expiry_ms, now_ms()) {
             self.expire(hash, loc, key);
             return Ok(Got::Gone);
         }
@@ -227,7 +230,7 @@ impl Disk {
             super::bufs::into_bytes(buf).slice((start - from) as usize..(end - from) as usize)
         };
         let crc = record::value_crc(&front, &h, salt);
-        Ok(Got::Value(part_of(loc, &h, data, (start, len, crc), meta.content_type), h.generation))
+        Ok(Got::Value(part_of(loc, &h, data, (start, len, crc), &meta), h.generation))
     }
 
     /// An expired entry found at `loc`: out of the index, then out of memory.
@@ -255,7 +258,7 @@ impl Disk {
         if head.key() != key {
             return Ok(Got::Gone);
         }
-        if head.expired(now_ms()) {
+        if head.dead(self, now_ms()) {
             self.expire(hash, loc, key);
             return Ok(Got::Gone);
         }
@@ -310,7 +313,7 @@ impl Disk {
                 }
             }
         }
-        Ok(Got::Value(part_of(loc, &h, Bytes::from(data), (start, len, crc), meta.content_type), h.generation))
+        Ok(Got::Value(part_of(loc, &h, Bytes::from(data), (start, len, crc), &meta), h.generation))
     }
 
     /// The chunk table of the large value `key`'s index entry names, with that entry and the
@@ -348,20 +351,15 @@ impl Disk {
 }
 
 /// The part `data` (from byte `start`) of the value of length `len` and checksum `crc` whose
-/// record, with header `h`, is at `loc`.
-fn part_of(
-    loc: Loc,
-    h: &Header,
-    data: Bytes,
-    (start, len, crc): (u64, u64, u32),
-    content_type: Option<&[u8]>,
-) -> Value {
+/// record, with header `h` and metadata `meta`, is at `loc`.
+fn part_of(loc: Loc, h: &Header, data: Bytes, (start, len, crc): (u64, u64, u32), meta: &Meta<'_>) -> Value {
     Value {
         data,
         start,
         len,
         crc,
-        content_type: content_type.map(Bytes::copy_from_slice),
+        content_type: meta.content_type.map(Bytes::copy_from_slice),
+        flags: meta.flags,
         position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
         stored_ms: h.stored_ms,
         expiry_ms: h.expiry_ms,

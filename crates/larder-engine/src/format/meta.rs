@@ -20,6 +20,8 @@ pub const TAG_BLOCKS: u8 = 2;
 pub const TAG_LARGE: u8 = 3;
 /// Entry tag: in a chunk record, its number in the value (u32).
 pub const TAG_CHUNK: u8 = 4;
+/// Entry tag: client flags (u32; memcached's item flags), written only when not zero.
+pub const TAG_FLAGS: u8 = 5;
 /// Longest content type stored, in bytes.
 pub const MAX_CONTENT_TYPE: usize = 1024;
 /// Values longer than this carry block checksums; shorter ones are read whole.
@@ -37,6 +39,8 @@ pub struct Meta<'a> {
     blocks: Option<(u8, &'a [u8])>,
     /// A large value's length and CRC32C (in its head).
     pub large: Option<(u64, u32)>,
+    /// Client flags (0 when none were stored).
+    pub flags: u32,
 }
 
 impl<'a> Meta<'a> {
@@ -51,6 +55,7 @@ impl<'a> Meta<'a> {
             match tag {
                 TAG_CONTENT_TYPE => m.content_type = Some(body),
                 TAG_BLOCKS if !body.is_empty() && (body.len() - 1) % 4 == 0 => m.blocks = Some((body[0], &body[1..])),
+                TAG_FLAGS if body.len() == 4 => m.flags = (&body[..]).get_u32_le(),
                 TAG_LARGE if body.len() == 12 => {
                     let mut b = body;
                     m.large = Some((b.get_u64_le(), b.get_u32_le()));
@@ -155,6 +160,15 @@ pub fn encode(out: &mut Vec<u8>, content_type: Option<&[u8]>, blocks: Option<&(u
         for &c in crcs {
             out.put_u32_le(c);
         }
+    }
+}
+
+/// Appends the client flags entry, unless `flags` is 0 (what a value without one reads as).
+pub fn encode_flags(out: &mut Vec<u8>, flags: u32) {
+    if flags != 0 {
+        out.put_u8(TAG_FLAGS);
+        out.put_u16_le(4);
+        out.put_u32_le(flags);
     }
 }
 

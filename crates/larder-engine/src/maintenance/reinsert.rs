@@ -30,7 +30,7 @@ pub(crate) fn reinsert(disk: &Disk, memory: Option<&Memory>, slot: usize, genera
         let r = match disk.fetch(hash, loc, false) {
             // A large value's head is not copied: its chunks are as old as it is, and die with
             // their volumes whatever happens to the head.
-            Ok(Fetch::Record(r)) if !r.header.is_tombstone() && !r.header.is_head() && !r.expired(now) => r,
+            Ok(Fetch::Record(r)) if !r.header.is_tombstone() && !r.header.is_head() && !r.dead(disk, now) => r,
             _ => {
                 c.reinsert_skipped.fetch_add(1, Ordering::Relaxed);
                 continue;

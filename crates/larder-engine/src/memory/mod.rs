@@ -39,6 +39,7 @@ pub(crate) struct Cached {
     /// CRC32C of `data`.
     pub crc: u32,
     pub content_type: Option<Bytes>,
+    pub flags: u32,
 }
 
 /// What [`Memory::reconcile`] did.

@@ -14,7 +14,7 @@ pub(crate) mod scan;
 pub(crate) use hints::scan_hint_entries;
 
 use crate::clock::now_ms;
-use crate::disk::{Ring, NO_DIR};
+use crate::disk::{Flushes, Ring, NO_DIR};
 use crate::format::hint;
 use crate::format::volume::{hint_path, slot_of_file_name, volume_path, VolumeHeader, VOLUME_HEADER_LEN};
 use crate::index::Index;
@@ -94,7 +94,12 @@ fn remove_strays(ring: &Ring, dir: &Path, keep_from: &mut u64) -> Result<()> {
 ///
 /// A volume that must be discarded takes every older volume with it: otherwise an older value
 /// of one of its keys (or a value its tombstone deleted) would come back.
-pub(crate) fn recover(ring: &Ring, hints_trusted: bool, progress: &RecoveryProgress) -> Result<Recovered> {
+pub(crate) fn recover(
+    ring: &Ring,
+    flushes: &Flushes,
+    hints_trusted: bool,
+    progress: &RecoveryProgress,
+) -> Result<Recovered> {
     let started = std::time::Instant::now();
     let index = Index::new();
     let mut heads = Vec::new();
@@ -347,7 +352,10 @@ pub(crate) fn recover(ring: &Ring, hints_trusted: bool, progress: &RecoveryProgr
                 let hash = ring.hash(key);
                 if header.is_chunk() {
                     // Named only by its value's head; shadows nothing.
-                } else if header.is_tombstone() || (header.expiry_ms != 0 && header.expiry_ms <= now) {
+                } else if header.is_tombstone()
+                    || (header.expiry_ms != 0 && header.expiry_ms <= now)
+                    || flushes.flushed(header.stored_ms, now)
+                {
                     ring.drop_if_key(&index, hash, key);
                 } else {
                     index.insert(hash, ring.loc(slot, vh.generation, offset, header.record_len()));

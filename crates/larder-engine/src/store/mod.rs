@@ -20,7 +20,7 @@ use crate::disk::{dirs, Disk, Job, Seen};
 use crate::memory::flight::Flights;
 use crate::memory::Memory;
 use crate::stats::{DirState, DirStats, Stats};
-use crate::types::{DeleteOptions, PutOptions, ReadOptions, Stored, Value};
+use crate::types::{DeleteOptions, Expiry, PutOptions, ReadOptions, Stored, Value, Version};
 use crate::{io, Error, Result};
 use parking_lot::Mutex;
 use read::Found;
@@ -82,6 +82,20 @@ impl Store {
     /// atomically with the delete); returns whether it was present.
     pub fn delete(&self, key: &[u8], opts: &DeleteOptions<'_>) -> Result<bool> {
         self.delete_inner(key, opts.preconditions, !opts.nonblocking)?.ok_or_else(Error::would_block)
+    }
+
+    /// Gives the live value of `key` a new expiry, keeping its bytes, flags and version;
+    /// returns the version, or `None` when the key has no live value (memcached's `touch`).
+    pub fn touch(&self, key: &[u8], expiry: Expiry) -> Result<Option<Version>> {
+        self.touch_inner(key, expiry)
+    }
+
+    /// Flushes the store (memcached's `flush_all`): with no delay, every value stored before
+    /// the call reads as absent from its return; with one, every value stored before that
+    /// time does from then on (a later flush replaces one still pending). Saved before it
+    /// returns, so it holds across a restart. Nothing is erased: the ring reclaims the space.
+    pub fn flush_all(&self, delay: std::time::Duration) -> Result<()> {
+        self.disk.flush_all(delay.as_millis() as u64)
     }
 
     /// Waits until the background work queued so far (hint files, index sweeps,

@@ -4,7 +4,7 @@
 use super::Store;
 use crate::clock::{now_ms, sequence_after};
 use crate::config::{FsyncPolicy, StoreConfig, MIN_VOLUME_SIZE};
-use crate::disk::{dirs, Disk, Forget, Job, Ring, Start};
+use crate::disk::{dirs, Disk, Flushes, Forget, Job, Ring, Start};
 use crate::format::record::{HEADER_LEN, MAX_KEY_LEN, MAX_META_LEN};
 use crate::format::volume::VOLUME_HEADER_LEN;
 use crate::index::{MAX_SLOTS, MAX_VOLUME_SIZE};
@@ -69,8 +69,9 @@ impl Store {
         }
         // Saved before any volume is created, so that no volume exists without its manifest.
         dirs::save_manifest(&mut manifest, &dirs)?;
+        let flushes = Flushes::new(Flushes::load(&dirs));
         let ring = Ring::new(cfg, manifest, dirs, opened.missing);
-        let rec = recovery::recover(&ring, hints_trusted, progress)?;
+        let rec = recovery::recover(&ring, &flushes, hints_trusted, progress)?;
         // Store times go on from the newest stored: a clock stepped back (or a restart within
         // the millisecond of the last write) never repeats a version's stamp.
         let ahead = rec.max_stored_ms.saturating_sub(now_ms());
@@ -92,8 +93,10 @@ impl Store {
             None => Box::new(|_, _| {}),
         };
         let (slot, offset) = rec.active.unwrap_or((rec.start_slot, VOLUME_HEADER_LEN));
-        let start = Start { slot, offset, next_sequence: rec.next_sequence, last_stamp: rec.max_stored_ms };
-        let mut disk = Disk::new(ring, rec.index, start, rec.report, forget);
+        // Above a flush's cut, so that no new write is taken for one stored before it.
+        let last_stamp = rec.max_stored_ms.max(flushes.floor(now_ms()));
+        let start = Start { slot, offset, next_sequence: rec.next_sequence, last_stamp };
+        let mut disk = Disk::new(ring, rec.index, start, rec.report, forget, flushes);
         for (slot, generation, offset) in rec.heads {
             disk.heads.insert(slot, generation, offset);
         }

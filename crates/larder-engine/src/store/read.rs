@@ -24,9 +24,9 @@ impl Target for Seen {
 }
 
 fn from_cached(c: Cached) -> Value {
-    let Cached { data, position, stored_ms, expiry_ms, crc, content_type } = c;
+    let Cached { data, position, stored_ms, expiry_ms, crc, content_type, flags } = c;
     let (start, len) = (0, data.len() as u64);
-    Value { data, start, len, crc, content_type, position, stored_ms, expiry_ms, tier: Tier::Memory }
+    Value { data, start, len, crc, content_type, position, stored_ms, expiry_ms, flags, tier: Tier::Memory }
 }
 
 /// What the memory tier keeps of a whole value: exact-size copies, so that it never holds
@@ -39,6 +39,7 @@ fn to_cached(v: &Value) -> Cached {
         expiry_ms: v.expiry_ms,
         crc: v.crc,
         content_type: v.content_type.as_deref().map(Bytes::copy_from_slice),
+        flags: v.flags,
     }
 }
 
@@ -90,7 +91,7 @@ impl Store {
         let sh = &*self.disk;
         let m = self.memory.as_ref()?;
         let c = m.get(key)?;
-        if c.expiry_ms != 0 && c.expiry_ms <= now_ms() {
+        if sh.dead(c.stored_ms, c.expiry_ms, now_ms()) {
             self.reconcile_memory(hash, key, None);
             return None;
         }

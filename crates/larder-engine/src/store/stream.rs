@@ -5,17 +5,17 @@
 use super::write::{check_content_type, check_key, Upload};
 use super::Store;
 use crate::format::large::ChunkRef;
-use crate::types::{Part, Precondition, PutOptions, ReadOptions, Stored, Value};
+use crate::types::{Expiry, Part, Precondition, PutOptions, ReadOptions, Stored, Value};
 use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
-use std::time::Duration;
 
 /// A value being written in pieces ([`Store::writer`]). Nothing of it is visible until
 /// [`ValueWriter::finish`] returns; dropped before that, it leaves the key as it was.
 pub struct ValueWriter<'s> {
     store: &'s Store,
     key: Vec<u8>,
-    ttl: Option<Duration>,
+    expiry: Expiry,
+    flags: u32,
     content_type: Option<Vec<u8>>,
     preconditions: Vec<Precondition>,
     /// Bytes not yet in a chunk record: at most one chunk's worth.
@@ -35,7 +35,8 @@ impl Store {
         Ok(ValueWriter {
             store: self,
             key: key.to_vec(),
-            ttl: opts.ttl,
+            expiry: opts.expiry,
+            flags: opts.flags,
             content_type: opts.content_type.map(<[u8]>::to_vec),
             preconditions: opts.preconditions.to_vec(),
             pending: Vec::new(),
@@ -89,7 +90,8 @@ impl ValueWriter<'_> {
             self.flush()?;
         }
         let opts = PutOptions {
-            ttl: self.ttl,
+            expiry: self.expiry,
+            flags: self.flags,
             content_type: self.content_type.as_deref(),
             preconditions: &self.preconditions,
             nonblocking: false,

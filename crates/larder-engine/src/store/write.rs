@@ -6,14 +6,14 @@
 use super::Store;
 use crate::clock::now_ms;
 use crate::config::FsyncPolicy;
-use crate::disk::{same, Append, Got, Seen, Undo, Writer};
+use crate::disk::{same, Append, Fetch, Got, Seen, Undo, Writer};
 use crate::format::large::{self, ChunkRef};
-use crate::format::meta;
+use crate::format::meta::{self, Meta};
 use crate::format::record::{self, Header, FLAG_CHUNK, FLAG_HEAD, FLAG_TOMBSTONE, HEADER_LEN, MAX_KEY_LEN};
 use crate::format::volume::VOLUME_HEADER_LEN;
 use crate::index::Loc;
 use crate::memory::{Cached, Settled};
-use crate::types::{Part, Position, Precondition, PutOptions, Stored, Version};
+use crate::types::{Expiry, Part, Position, Precondition, PutOptions, Stored, Version};
 use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -204,6 +204,7 @@ impl Store {
         let (value_crc, blocks) = meta::checksum_parts(value);
         let mut meta = Vec::new();
         meta::encode(&mut meta, opts.content_type, blocks.as_ref());
+        meta::encode_flags(&mut meta, opts.flags);
         let p = Prepared { value, value_crc, meta, flags: 0, len: total_len, crc: value_crc, chunks: &[] };
         self.commit(key, hash, p, opts, wait)
     }
@@ -219,6 +220,7 @@ impl Store {
         let table = large::encode(&up.chunks);
         let mut meta = Vec::new();
         meta::encode(&mut meta, opts.content_type, None);
+        meta::encode_flags(&mut meta, opts.flags);
         meta::encode_large(&mut meta, up.len, up.crc);
         let p = Prepared {
             value: &[&table],
@@ -264,6 +266,7 @@ impl Store {
                 expiry_ms: 0,
                 crc: value_crc,
                 content_type: opts.content_type.map(Bytes::copy_from_slice),
+                flags: opts.flags,
             });
         let mut header = new_header(flags);
         let looked = !opts.preconditions.is_empty();
@@ -284,12 +287,8 @@ impl Store {
             // Stamped under the lock, so store times (and versions) are unique and ordered.
             header.stored_ms = w.stamp();
             // By the clock, which expiry is checked against, not by the stamp: the stamp runs
-            // ahead of the clock after it stepped back. A zero TTL expires at once.
-            header.expiry_ms = match opts.ttl {
-                None => 0,
-                Some(t) if t.is_zero() => 1,
-                Some(t) => now_ms().max(1).saturating_add(t.as_millis() as u64),
-            };
+            // ahead of the clock after it stepped back.
+            header.expiry_ms = opts.expiry.at(now_ms());
             let rec = Append { header, key, meta: &meta_block, value, value_crc };
             let Some((pos, loc)) = sh.append(&mut w, wait, &rec)? else {
                 return Ok(None);
@@ -415,7 +414,7 @@ impl Store {
                 Settled::Stored => None,
             };
             let now = now_ms();
-            (seq, tombstone_only, held.is_some_and(|c| c.expiry_ms == 0 || c.expiry_ms > now), removed)
+            (seq, tombstone_only, held.is_some_and(|c| !sh.dead(c.stored_ms, c.expiry_ms, now)), removed)
         };
         if let (Some(seq), FsyncPolicy::Always) = (seq, sh.ring.cfg.fsync) {
             sh.wait_durable(seq)?;
@@ -430,6 +429,95 @@ impl Store {
         Ok(Some(found))
     }
 
+    /// Gives the live value of `key` the expiry `expiry`, keeping its bytes and its version:
+    /// the record is copied forward with the new expiry time (as reinsertion copies one),
+    /// so its store time (memcached's cas unique, the HTTP ETag) stays. `Ok(None)` when the
+    /// key has no live value. A value only memory still holds (the ring has overwritten its
+    /// record) is written anew, under a new version.
+    pub(super) fn touch_inner(&self, key: &[u8], expiry: Expiry) -> Result<Option<Version>> {
+        check_key(key)?;
+        let sh = &*self.disk;
+        let hash = sh.ring.hash(key);
+        const ROUNDS: u32 = 3;
+        for round in 0..=ROUNDS {
+            // Read outside the writer lock, then take it while the index still names what was
+            // read; after a few rounds lost to writes of the key, read under it.
+            let locked = (round == ROUNDS).then(|| sh.writer.lock());
+            let Some(loc) = sh.index.get(hash) else {
+                drop(locked);
+                return self.touch_held(key, expiry);
+            };
+            let generation = sh.ring.live_generation(loc);
+            let rec = match sh.fetch(hash, loc, false)? {
+                Fetch::Record(r) if r.key() == key && !r.header.is_tombstone() && !r.header.is_chunk() => r,
+                _ if locked.is_some() => return Ok(None),
+                _ => continue,
+            };
+            let now = now_ms();
+            if rec.dead(sh, now) {
+                return Ok(None);
+            }
+            let mut w = locked.unwrap_or_else(|| sh.writer.lock());
+            let current = sh.index.get(hash);
+            if !same(current, Some(loc)) || current.and_then(|l| sh.ring.live_generation(l)) != generation {
+                continue;
+            }
+            let mut header = rec.header;
+            header.expiry_ms = expiry.at(now);
+            let value = [rec.value()];
+            let app = Append { header, key, meta: rec.meta(), value: &value, value_crc: rec.value_crc };
+            let (pos, new) = sh.append(&mut w, true, &app)?.expect("an append that may wait completes");
+            let new_generation = sh.ring.slots[new.slot as usize].generation.load(Ordering::Relaxed);
+            if header.is_head() {
+                // The copy names the same chunks: the old head goes without freeing them.
+                sh.heads.take(loc.slot, generation.unwrap_or(0), loc.offset);
+                sh.heads.insert(new.slot, new_generation, new.offset);
+            }
+            sh.index.replace_if_eq(hash, loc, new);
+            let always = sh.ring.cfg.fsync == FsyncPolicy::Always;
+            if always {
+                w.undo.push(Undo { hash, key: key.into(), before: Some(loc), after: Some(new) });
+            }
+            // Memory keeps the value, with its new expiry, naming the copy.
+            let held = self.memory.as_ref().and_then(|m| m.get(key)).filter(|c| c.stored_ms == header.stored_ms);
+            let seen = Seen { loc: new, generation: new_generation };
+            let offer = held.map(|c| (Cached { expiry_ms: header.expiry_ms, position: pos, ..c }, seen));
+            self.reconcile_memory(hash, key, offer);
+            let seq = w.appended;
+            drop(w);
+            if always {
+                sh.wait_durable(seq)?;
+            }
+            let (len, crc) = match Meta::parse(rec.meta()).large {
+                Some(large) => large,
+                None => (header.value_len as u64, rec.value_crc),
+            };
+            return Ok(Some(Version { len, crc, stored_ms: header.stored_ms }));
+        }
+        unreachable!("the last round reads under the writer lock")
+    }
+
+    /// [`Store::touch_inner`] of a key the index does not name: a value memory still holds is
+    /// written again with the new expiry.
+    fn touch_held(&self, key: &[u8], expiry: Expiry) -> Result<Option<Version>> {
+        let Some(c) = self.memory.as_ref().and_then(|m| m.get(key)) else { return Ok(None) };
+        if self.disk.dead(c.stored_ms, c.expiry_ms, now_ms()) {
+            return Ok(None);
+        }
+        let opts = PutOptions {
+            expiry,
+            flags: c.flags,
+            content_type: c.content_type.as_deref(),
+            preconditions: &[Precondition::StoredAt(c.stored_ms)],
+            nonblocking: false,
+        };
+        match self.put(key, &c.data, &opts) {
+            Ok(stored) => Ok(Some(stored.version)),
+            Err(e) if e.kind() == ErrorKind::PreconditionFailed => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The current version of `key`, under the writer lock (`indexed` is what its index entry
     /// names, read before the lock by [`Store::lock_current`]).
     fn current_version(&self, key: &[u8], indexed: Option<Version>) -> Option<Version> {
@@ -440,7 +528,7 @@ impl Store {
         // key from memory under the writer lock, so what it holds here is current.
         let now = now_ms();
         let cached = self.memory.as_ref().and_then(|m| m.get(key));
-        cached.filter(|c| c.expiry_ms == 0 || c.expiry_ms > now).map(|c| Version {
+        cached.filter(|c| !self.disk.dead(c.stored_ms, c.expiry_ms, now)).map(|c| Version {
             len: c.data.len() as u64,
             crc: c.crc,
             stored_ms: c.stored_ms,
