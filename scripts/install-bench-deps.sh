@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the benchmark scripts and tests need (wrk, curl, nginx from Debian's packages, python3)
-# when it is missing. Needs root (or sudo) on Debian/Ubuntu.
+# Installs what the benchmark scripts and tests need when it is missing: wrk, curl, nginx, python3,
+# and the memcached peers the memcached-protocol tests compare with and drive (Debian's memcached,
+# libmemcached's tools, pymemcache, Ruby's Dalli). Needs root (or sudo) on Debian/Ubuntu.
 set -euo pipefail
 need=()
 command -v wrk >/dev/null || need+=(wrk)
@@ -8,6 +9,10 @@ command -v curl >/dev/null || need+=(curl)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 command -v python3 >/dev/null || need+=(python3)
 command -v taskset >/dev/null || need+=(util-linux)
+[ -x /usr/bin/memcached ] || need+=(memcached)
+command -v memccp >/dev/null || need+=(libmemcached-tools)
+/usr/bin/python3 -c 'import pymemcache' 2>/dev/null || need+=(python3-pymemcache)
+command -v ruby >/dev/null && ruby -e 'require "dalli"' 2>/dev/null || need+=(ruby ruby-dalli)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq

@@ -89,6 +89,23 @@ async fn stats(app: &Arc<App>) -> Option<larder_engine::Stats> {
     tokio::task::spawn_blocking(move || app.store.get().map(|s| s.stats())).await.ok().flatten()
 }
 
+/// The memcached listener's connections, bytes and commands (`{"get": {"hit": 3, …}, …}`).
+fn memcache_stats(m: &crate::memcache::Counters) -> serde_json::Value {
+    let mut commands = serde_json::Map::new();
+    for (command, outcome, n) in m.nonzero() {
+        let e = commands.entry(command).or_insert_with(|| serde_json::json!({}));
+        e[outcome] = n.into();
+    }
+    serde_json::json!({
+        "curr_connections": m.curr_connections.load(Ordering::Relaxed),
+        "total_connections": m.total_connections.load(Ordering::Relaxed),
+        "rejected_connections": m.rejected_connections.load(Ordering::Relaxed),
+        "bytes_read": m.bytes_read.load(Ordering::Relaxed),
+        "bytes_written": m.bytes_written.load(Ordering::Relaxed),
+        "commands": commands,
+    })
+}
+
 /// The other admin endpoints, all read-only: `health` (open to all, see the routing),
 /// `metrics` and `stats`.
 pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
@@ -108,7 +125,8 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
         },
         b"metrics" => {
             let stats = stats(app).await;
-            let mut r = Response::new(Body::full(Bytes::from(app.metrics.render(stats.as_ref()))));
+            let text = app.metrics.render(stats.as_ref(), &app.memcache);
+            let mut r = Response::new(Body::full(Bytes::from(text)));
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
             r
         }
@@ -160,6 +178,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
                 "punched_bytes": s.punched_bytes,
                 "allocated_bytes": s.allocated_bytes,
                 "degraded": s.degraded,
+                "memcache": memcache_stats(&app.memcache),
                 "dirs": s.dirs.iter().map(|d| serde_json::json!({
                     "path": d.path.display().to_string(),
                     "id": d.id,

@@ -72,13 +72,13 @@ async fn read(app: &Arc<App>, store: &Store, key: &[u8], part: Part) -> larder_e
 
 /// What a GET read: the bytes, in memory; or a large value's part longer than a chunk, to be
 /// streamed piece by piece, so that no more than about a chunk of it is ever in memory.
-enum Read {
+pub(crate) enum Read {
     Value(Value),
     Pieces(ValueReader),
 }
 
 impl Read {
-    fn value(&self) -> &Value {
+    pub(crate) fn value(&self) -> &Value {
         match self {
             Read::Value(v) => v,
             Read::Pieces(r) => r.value(),
@@ -88,7 +88,12 @@ impl Read {
 
 /// [`read`] for a GET's body: memory and page-cache hits inline; on the blocking pool, a large
 /// value (longer than a chunk) comes back as a reader.
-async fn read_body_of(app: &Arc<App>, store: &Store, key: &[u8], part: Part) -> larder_engine::Result<Option<Read>> {
+pub(crate) async fn read_body_of(
+    app: &Arc<App>,
+    store: &Store,
+    key: &[u8],
+    part: Part,
+) -> larder_engine::Result<Option<Read>> {
     let pieces = |key: Vec<u8>| blocking(app, move |store| Ok(store.reader(&key, part)?.map(Read::Pieces)));
     match store.get(key, &ReadOptions { part, nonblocking: true }) {
         Err(e) if e.kind() == ErrorKind::TooLarge => pieces(key.to_vec()).await,
@@ -301,7 +306,7 @@ fn too_large(limit: u64) -> Resp {
 /// Runs a write that has to wait (for the writer lock, a ring rotation truncating a volume,
 /// or a group-commit fdatasync) on the blocking pool, so that it never stalls the async
 /// workers serving GETs. The common case runs inline, as a `nonblocking` put or delete.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     app: &Arc<App>,
     f: impl FnOnce(&Store) -> larder_engine::Result<T> + Send + 'static,
 ) -> larder_engine::Result<T> {

@@ -81,6 +81,10 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:1234].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// Also speak memcached's protocol on this address, over the same store (off unless given;
+    /// 127.0.0.1:11211 is memcached's own).
+    #[arg(long, value_name = "ADDR")]
+    pub memcache_listen: Option<SocketAddr>,
     /// Size of each volume file, e.g. 1GiB or 512MB [default: 1GiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub volume_size: Option<u64>,
@@ -223,6 +227,7 @@ enum DirsValue {
 struct FileConfig {
     data_dir: Option<DirsValue>,
     listen: Option<SocketAddr>,
+    memcache_listen: Option<SocketAddr>,
     volume_size: Option<SizeValue>,
     volume_count: Option<u32>,
     max_value_size: Option<SizeValue>,
@@ -268,6 +273,8 @@ pub struct Settings {
     pub strict_dirs: bool,
     /// Listen address.
     pub listen: SocketAddr,
+    /// The memcached protocol's listen address, if on.
+    pub memcache_listen: Option<SocketAddr>,
     /// Bytes per volume.
     pub volume_size: u64,
     /// Volumes in the ring.
@@ -408,6 +415,7 @@ impl ServeArgs {
             data_dir: if dirs.is_empty() { vec![PathBuf::from("./larder-data")] } else { dirs },
             strict_dirs: self.strict_dirs || file.strict_dirs.unwrap_or(false),
             listen: self.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:1234".parse().unwrap()),
+            memcache_listen: self.memcache_listen.or(file.memcache_listen),
             volume_size: size(self.volume_size, &file.volume_size, 1 << 30)?,
             volume_count: self.volume_count.or(file.volume_count).unwrap_or(16),
             max_value_size: size(self.max_value_size, &file.max_value_size, 1 << 30)?,

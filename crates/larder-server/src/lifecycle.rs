@@ -70,6 +70,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         shutting_down: AtomicBool::new(false),
         body_budget: BodyBudget::new(settings.max_body_memory),
         uploads: tokio::sync::Semaphore::new(crate::app::MAX_STREAMED_UPLOADS),
+        memcache: crate::memcache::Counters::default(),
     });
     // Recovery runs while the socket already answers (503 until ready).
     let (ready_tx, mut ready_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
@@ -107,6 +108,14 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     }
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let memcache = match settings.memcache_listen {
+        Some(addr) => {
+            let l = crate::memcache::bind(addr).await?;
+            let local = l.local_addr().map_err(|e| e.to_string())?;
+            Some((local, tokio::spawn(crate::memcache::run(app.clone(), l, shutdown_rx.clone()))))
+        }
+        None => None,
+    };
     let conns = Arc::new(Mutex::new(conn::Conns::default()));
     let clock = tokio::spawn(conn::coarse_clock());
     let background = {
@@ -144,7 +153,12 @@ pub async fn run(settings: Settings) -> Result<(), String> {
             r = &mut ready_rx, if waiting_ready => {
                 waiting_ready = false;
                 match r {
-                    Ok(Ok(())) => println!("larder listening on {local}"),
+                    Ok(Ok(())) => {
+                        println!("larder listening on {local}");
+                        if let Some((m, _)) = &memcache {
+                            println!("larder memcached protocol on {m}");
+                        }
+                    }
                     Ok(Err(e)) => return Err(e),
                     Err(_) => return Err("store task ended unexpectedly".into()),
                 }
@@ -187,6 +201,9 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     if drained.is_err() {
         tracing::warn!(left = connections.len(), "connections still busy after {limit:?}; closing them");
         connections.abort_all();
+    }
+    if let Some((_, m)) = memcache {
+        let _ = m.await; // it drains its connections within the same timeout
     }
     clock.abort();
     background.abort();

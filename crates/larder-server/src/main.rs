@@ -11,6 +11,7 @@ mod conn;
 mod headers;
 mod key;
 mod lifecycle;
+mod memcache;
 mod metrics;
 mod reply;
 mod routes;

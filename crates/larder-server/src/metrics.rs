@@ -90,8 +90,14 @@ impl Metrics {
 
     /// The Prometheus text exposition, with the engine's figures as of now (`None` while
     /// recovering).
-    pub fn render(&self, stats: Option<&Stats>) -> String {
+    pub fn render(&self, stats: Option<&Stats>, memcache: &crate::memcache::Counters) -> String {
         gauge!("larder_ready").set(if stats.is_some() { 1.0 } else { 0.0 });
+        for (command, outcome, n) in memcache.nonzero() {
+            counter!("larder_memcache_commands_total", "command" => command, "outcome" => outcome).absolute(n);
+        }
+        gauge!("larder_memcache_connections").set(memcache.curr_connections.load(Ordering::Relaxed) as f64);
+        counter!("larder_memcache_received_bytes_total").absolute(memcache.bytes_read.load(Ordering::Relaxed));
+        counter!("larder_memcache_sent_bytes_total").absolute(memcache.bytes_written.load(Ordering::Relaxed));
         counter!("larder_http_received_bytes_total").absolute(self.bytes_in.load(Ordering::Relaxed));
         counter!("larder_http_sent_bytes_total").absolute(self.bytes_out.load(Ordering::Relaxed));
         if let Some(s) = stats {
@@ -146,6 +152,10 @@ fn describe() {
     c!("larder_http_requests_total", "Requests answered, by method and status.");
     c!("larder_http_received_bytes_total", Unit::Bytes, "Bytes of values received in PUT bodies.");
     c!("larder_http_sent_bytes_total", Unit::Bytes, "Bytes of response bodies sent.");
+    c!("larder_memcache_commands_total", "memcached commands by outcome (a get counts once per key).");
+    g!("larder_memcache_connections", "Open memcached connections.");
+    c!("larder_memcache_received_bytes_total", Unit::Bytes, "Bytes read from memcached clients.");
+    c!("larder_memcache_sent_bytes_total", Unit::Bytes, "Bytes written to memcached clients.");
     h!("larder_fsync_duration_seconds", Unit::Seconds, "fdatasync of one volume file.");
     c!("larder_cache_hits_total", "Value reads (GET) that found a value, by the tier that answered (memc, disk).");
     c!("larder_cache_misses_total", "Value reads (GET) that found nothing.");

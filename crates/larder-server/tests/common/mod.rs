@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 pub struct Server {
     child: Option<Child>,
     pub addr: SocketAddr,
+    /// The memcached protocol's address, when started with `--memcache-listen`.
+    pub memcache: Option<SocketAddr>,
     pub dir: PathBuf,
     args: Vec<String>,
     envs: Vec<(String, String)>,
@@ -38,8 +40,8 @@ impl Server {
     pub fn start_env(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let envs: Vec<(String, String)> = envs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let (child, addr) = spawn(dir, &args, &envs);
-        Server { child: Some(child), addr, dir: dir.to_path_buf(), args, envs, _tmp: None }
+        let (child, addr, memcache) = spawn(dir, &args, &envs);
+        Server { child: Some(child), addr, memcache, dir: dir.to_path_buf(), args, envs, _tmp: None }
     }
 
     pub fn client(&self) -> Client {
@@ -100,7 +102,8 @@ impl Server {
     /// Starts again on the same directory with the same arguments.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop or kill first");
-        let (child, addr) = spawn(&self.dir, &self.args, &self.envs);
+        let (child, addr, memcache) = spawn(&self.dir, &self.args, &self.envs);
+        self.memcache = memcache;
         self.child = Some(child);
         self.addr = addr;
     }
@@ -136,7 +139,7 @@ fn wait_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus 
     }
 }
 
-fn spawn(dir: &Path, args: &[String], envs: &[(String, String)]) -> (Child, SocketAddr) {
+fn spawn(dir: &Path, args: &[String], envs: &[(String, String)]) -> (Child, SocketAddr, Option<SocketAddr>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_larder"))
         // Nothing from the caller's environment changes what a test sees; fault injection
         // (/_larder/faults) is on, as test builds have it.
@@ -157,15 +160,20 @@ fn spawn(dir: &Path, args: &[String], envs: &[(String, String)]) -> (Child, Sock
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(line)) = lines.next() {
-            let _ = tx.send(line);
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line); // kept draining so the server never blocks on stdout
         }
-        for _ in lines {} // keep draining so the server never blocks on stdout
     });
     let line = rx.recv_timeout(Duration::from_secs(60)).expect("larder did not report readiness");
     let addr = line.strip_prefix("larder listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-    (child, addr.parse().unwrap())
+    let memcache = args.iter().any(|a| a.starts_with("--memcache-listen")).then(|| {
+        let line = rx.recv_timeout(Duration::from_secs(10)).expect("larder did not report its memcached address");
+        let m =
+            line.strip_prefix("larder memcached protocol on ").unwrap_or_else(|| panic!("unexpected line {line:?}"));
+        m.parse().unwrap()
+    });
+    (child, addr.parse().unwrap(), memcache)
 }
 
 /// A response.

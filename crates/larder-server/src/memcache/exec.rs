@@ -1,0 +1,737 @@
+//! Each memcached command against the store, with the answers memcached gives.
+//!
+//! How memcached's item model maps onto the store: client flags and expiry are stored with
+//! the value; the cas unique is the value's store time (stamped under the writer lock, never
+//! repeated in a store, kept by `touch`); `add`, `replace` and `cas` are writes with a
+//! precondition the engine checks atomically; `append`, `prepend`, `incr` and `decr` read the
+//! value and write the new one on the condition that it is still the one read (and go round
+//! again if not); `flush_all` is the engine's flush, saved before it is answered.
+
+use super::text::{self, Command, Parsed, StoreOp, LINE_MAX, REALTIME_MAXDELTA};
+use super::{Conn, End};
+use crate::api::{blocking, read_body_of, Read};
+use bytes::Bytes;
+use larder_engine::{
+    now_ms, DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store, Value,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The commands counted apart.
+pub const COMMANDS: [&str; 21] = [
+    "get",
+    "gets",
+    "gat",
+    "gats",
+    "set",
+    "add",
+    "replace",
+    "append",
+    "prepend",
+    "cas",
+    "delete",
+    "incr",
+    "decr",
+    "touch",
+    "flush_all",
+    "stats",
+    "version",
+    "verbosity",
+    "quit",
+    "mn",
+    "other",
+];
+/// The outcomes counted apart.
+pub const OUTCOMES: [&str; 11] = [
+    "hit",
+    "miss",
+    "stored",
+    "not_stored",
+    "exists",
+    "not_found",
+    "deleted",
+    "touched",
+    "ok",
+    "client_error",
+    "server_error",
+];
+
+#[derive(Clone, Copy)]
+enum Outcome {
+    Hit,
+    Miss,
+    Stored,
+    NotStored,
+    Exists,
+    NotFound,
+    Deleted,
+    Touched,
+    Ok,
+    ClientError,
+    ServerError,
+}
+
+fn command_index(name: &[u8]) -> usize {
+    COMMANDS.iter().position(|c| c.as_bytes() == name).unwrap_or(COMMANDS.len() - 1)
+}
+
+/// The memcached listener's counters: connections and bytes, and commands by outcome (one per
+/// key of a get). `/_larder/stats`, `/_larder/metrics` and memcached's own `stats` read them.
+pub struct Counters {
+    pub curr_connections: AtomicU64,
+    pub total_connections: AtomicU64,
+    pub rejected_connections: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    commands: [[AtomicU64; OUTCOMES.len()]; COMMANDS.len()],
+}
+
+impl Default for Counters {
+    fn default() -> Counters {
+        Counters {
+            curr_connections: AtomicU64::new(0),
+            total_connections: AtomicU64::new(0),
+            rejected_connections: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            commands: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+        }
+    }
+}
+
+impl Counters {
+    fn count(&self, command: usize, outcome: Outcome) {
+        self.commands[command][outcome as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many `command`s ended in `outcome` (both by name).
+    pub fn get(&self, command: &str, outcome: &str) -> u64 {
+        let c = COMMANDS.iter().position(|&n| n == command);
+        let o = OUTCOMES.iter().position(|&n| n == outcome);
+        c.zip(o).map_or(0, |(c, o)| self.commands[c][o].load(Ordering::Relaxed))
+    }
+
+    /// Every (command, outcome, count) with a count above zero.
+    pub fn nonzero(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let mut v = Vec::new();
+        for (c, row) in self.commands.iter().enumerate() {
+            for (o, n) in row.iter().enumerate() {
+                let n = n.load(Ordering::Relaxed);
+                if n > 0 {
+                    v.push((COMMANDS[c], OUTCOMES[o], n));
+                }
+            }
+        }
+        v
+    }
+
+    fn sum(&self, commands: &[&str], outcomes: &[&str]) -> u64 {
+        commands.iter().flat_map(|c| outcomes.iter().map(move |o| self.get(c, o))).sum()
+    }
+}
+
+/// memcached's expiry time (0 never; up to 30 days, seconds from now; beyond, a Unix time;
+/// negative, expired at once) as the store's.
+fn expiry(exptime: i64) -> Expiry {
+    match exptime {
+        0 => Expiry::Never,
+        t if t < 0 => Expiry::After(Duration::ZERO),
+        t if t <= REALTIME_MAXDELTA => Expiry::After(Duration::from_secs(t as u64)),
+        t => Expiry::At(t as u64 * 1000),
+    }
+}
+
+/// An engine failure as memcached's `SERVER_ERROR` line (one line, whatever the message).
+fn server_error(e: &larder_engine::Error) -> String {
+    let msg: String = e.to_string().chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    format!("SERVER_ERROR {msg}\r\n")
+}
+
+/// Whether a line too long to end in the buffer may go on: only a get's list of keys does,
+/// as in memcached, up to a bound of larder's own.
+fn long_get(input: &[u8]) -> bool {
+    let start = input.iter().take(101).position(|&b| b != b' ');
+    let Some(s) = start else { return false };
+    (input[s..].starts_with(b"get ") || input[s..].starts_with(b"gets ")) && input.len() <= 2 << 20
+}
+
+/// Reads and runs commands until the connection ends.
+pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
+    let mut first = true;
+    loop {
+        loop {
+            if first && !c.input.is_empty() {
+                first = false;
+                if c.input[0] == 0x80 {
+                    // memcached's binary protocol, deprecated upstream: refused.
+                    c.out.extend_from_slice(
+                        b"SERVER_ERROR the binary protocol is not supported; use the text protocol\r\n",
+                    );
+                    return Err(End::Closed);
+                }
+            }
+            let Some(nl) = c.input.iter().position(|&b| b == b'\n') else {
+                if c.input.len() > LINE_MAX && !long_get(&c.input) {
+                    return Err(End::Closed); // memcached closes a connection for a line this long
+                }
+                break;
+            };
+            let line = c.input.split_to(nl + 1).freeze();
+            let text = line[..nl].strip_suffix(b"\r").unwrap_or(&line[..nl]);
+            match text::parse(text) {
+                Parsed::Command(cmd) => run(c, cmd).await?,
+                Parsed::Error { line, noreply } => {
+                    let name = text.split(|&b| b == b' ').find(|w| !w.is_empty()).unwrap_or(b"");
+                    let outcome =
+                        if line.starts_with("CLIENT_ERROR") { Outcome::ClientError } else { Outcome::ServerError };
+                    c.app.memcache.count(command_index(name), outcome);
+                    if !noreply {
+                        c.out.extend_from_slice(line.as_bytes());
+                        c.out.extend_from_slice(b"\r\n");
+                    }
+                }
+                Parsed::Close => return Err(End::Closed),
+            }
+            c.maybe_flush().await?;
+        }
+        c.fill().await?;
+    }
+}
+
+async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
+    let app = c.app.clone();
+    let m = &app.memcache;
+    let Some(store) = app.store.get() else {
+        // Still recovering: a data block is read past, then the answer is an error.
+        if let Command::Store { len, .. } = cmd {
+            swallow(c, len as u64 + 2).await?;
+        }
+        c.out.extend_from_slice(b"SERVER_ERROR recovering the store; try again shortly\r\n");
+        return Ok(());
+    };
+    match cmd {
+        Command::Get { keys, cas, touch } => get(c, store, &keys, cas, touch).await,
+        Command::Store { op, key, flags, exptime, len, cas, noreply } => {
+            let r = store_cmd(c, store, op, key, flags, exptime, len as u64, cas).await?;
+            let name = match op {
+                StoreOp::Set => "set",
+                StoreOp::Add => "add",
+                StoreOp::Replace => "replace",
+                StoreOp::Append => "append",
+                StoreOp::Prepend => "prepend",
+                StoreOp::Cas => "cas",
+            };
+            reply(c, command_index(name.as_bytes()), r, noreply);
+            Ok(())
+        }
+        Command::Delete { key, noreply } => {
+            let k = key.to_vec();
+            let r = match store.delete(key, &DeleteOptions { nonblocking: true, ..Default::default() }) {
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    blocking(&c.app, move |s| s.delete(&k, &DeleteOptions::default())).await
+                }
+                r => r,
+            };
+            let r = match r {
+                Ok(true) => Answer::Line(Outcome::Deleted, "DELETED\r\n"),
+                Ok(false) => Answer::Line(Outcome::NotFound, "NOT_FOUND\r\n"),
+                Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
+            };
+            reply(c, command_index(b"delete"), r, noreply);
+            Ok(())
+        }
+        Command::Arith { incr, key, delta, noreply } => {
+            let r = arith(c, key, incr, delta).await;
+            reply(c, command_index(if incr { b"incr" } else { b"decr" }), r, noreply);
+            Ok(())
+        }
+        Command::Touch { key, exptime, noreply } => {
+            let k = key.to_vec();
+            let r = match blocking(&c.app, move |s| s.touch(&k, expiry(exptime))).await {
+                Ok(Some(_)) => Answer::Line(Outcome::Touched, "TOUCHED\r\n"),
+                Ok(None) => Answer::Line(Outcome::NotFound, "NOT_FOUND\r\n"),
+                Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
+            };
+            reply(c, command_index(b"touch"), r, noreply);
+            Ok(())
+        }
+        Command::FlushAll { delay, noreply } => {
+            // A delay beyond 30 days is a Unix time, as memcached reads it.
+            let secs = match delay {
+                d if d <= 0 => 0,
+                d if d <= REALTIME_MAXDELTA => d as u64,
+                d => (d as u64).saturating_sub(now_ms() / 1000),
+            };
+            let r = match blocking(&c.app, move |s| s.flush_all(Duration::from_secs(secs))).await {
+                Ok(()) => Answer::Line(Outcome::Ok, "OK\r\n"),
+                Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
+            };
+            reply(c, command_index(b"flush_all"), r, noreply);
+            Ok(())
+        }
+        Command::Version => {
+            m.count(command_index(b"version"), Outcome::Ok);
+            c.out.extend_from_slice(format!("VERSION {}\r\n", version()).as_bytes());
+            Ok(())
+        }
+        Command::Verbosity { noreply } => {
+            reply(c, command_index(b"verbosity"), Answer::Line(Outcome::Ok, "OK\r\n"), noreply);
+            Ok(())
+        }
+        Command::Stats(args) => {
+            let out = stats(c, store, &args).await;
+            c.out.extend_from_slice(out.as_bytes());
+            Ok(())
+        }
+        Command::Quit => {
+            m.count(command_index(b"quit"), Outcome::Ok);
+            Err(End::Closed)
+        }
+        Command::MetaNoop => {
+            m.count(command_index(b"mn"), Outcome::Ok);
+            c.out.extend_from_slice(b"MN\r\n");
+            Ok(())
+        }
+    }
+}
+
+/// The version larder answers `version` and `stats` with.
+fn version() -> String {
+    format!("larder-{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// An answer line and how it counts.
+enum Answer {
+    Line(Outcome, &'static str),
+    Owned(Outcome, String),
+}
+
+fn reply(c: &mut Conn, command: usize, a: Answer, noreply: bool) {
+    let (outcome, line) = match &a {
+        Answer::Line(o, l) => (*o, l.as_bytes()),
+        Answer::Owned(o, l) => (*o, l.as_bytes()),
+    };
+    c.app.memcache.count(command, outcome);
+    if !noreply {
+        c.out.extend_from_slice(line);
+    }
+}
+
+/// Reads past `n` bytes of a data block that will not be stored.
+async fn swallow(c: &mut Conn, mut n: u64) -> Result<(), End> {
+    loop {
+        let take = (c.input.len() as u64).min(n) as usize;
+        let _ = c.input.split_to(take);
+        n -= take as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        c.fill().await?;
+    }
+}
+
+/// `get`, `gets`, `gat`, `gats`: a `VALUE` line and the data of each key found, then `END`.
+async fn get(c: &mut Conn, store: &Store, keys: &[&[u8]], cas: bool, touch: Option<i64>) -> Result<(), End> {
+    let command = command_index(match (cas, touch.is_some()) {
+        (false, false) => b"get",
+        (true, false) => b"gets",
+        (false, true) => b"gat",
+        (true, true) => b"gats",
+    });
+    for &key in keys {
+        let found = match read_body_of(&c.app, store, key, Part::Whole).await {
+            Ok(f) => f,
+            Err(e) => {
+                c.app.memcache.count(command, Outcome::ServerError);
+                c.out.extend_from_slice(server_error(&e).as_bytes());
+                return Ok(());
+            }
+        };
+        // gat answers the value it found, then gives it the new expiry (a negative one
+        // expires it after this answer, as in memcached).
+        let found = match (found, touch) {
+            (Some(f), Some(t)) => {
+                let k = key.to_vec();
+                match blocking(&c.app, move |s| s.touch(&k, expiry(t))).await {
+                    Ok(Some(v)) if v == f.value().version() => Some(f),
+                    Ok(_) => None, // written or deleted in between: a miss
+                    Err(e) => {
+                        c.app.memcache.count(command, Outcome::ServerError);
+                        c.out.extend_from_slice(server_error(&e).as_bytes());
+                        return Ok(());
+                    }
+                }
+            }
+            (found, _) => found,
+        };
+        let Some(found) = found else {
+            c.app.memcache.count(command, Outcome::Miss);
+            continue;
+        };
+        c.app.memcache.count(command, Outcome::Hit);
+        value_line(&mut c.out, key, found.value(), cas);
+        match found {
+            Read::Value(v) => c.out.extend_from_slice(&v.data),
+            Read::Pieces(r) => stream_value(c, store, r).await?,
+        }
+        c.out.extend_from_slice(b"\r\n");
+        c.maybe_flush().await?;
+    }
+    c.out.extend_from_slice(b"END\r\n");
+    Ok(())
+}
+
+fn value_line(out: &mut Vec<u8>, key: &[u8], v: &Value, cas: bool) {
+    use std::io::Write;
+    out.extend_from_slice(b"VALUE ");
+    out.extend_from_slice(key);
+    let _ = write!(out, " {} {}", v.flags, v.len);
+    if cas {
+        let _ = write!(out, " {}", v.stored_ms);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Sends a value longer than a chunk piece by piece, each verified before it goes, within
+/// the body budget (two pieces). A piece that fails closes the connection: the client never
+/// takes a short or wrong value for a whole one.
+async fn stream_value(c: &mut Conn, store: &Store, mut r: larder_engine::ValueReader) -> Result<(), End> {
+    let len = r.value().len;
+    let room = c.app.body_budget.reserve_exact(len.min(2 * store.config().chunk_size)).await;
+    loop {
+        let Ok((back, piece)) = tokio::task::spawn_blocking(move || {
+            let p = r.next_piece();
+            (r, p)
+        })
+        .await
+        else {
+            return Err(End::Closed);
+        };
+        r = back;
+        match piece {
+            Ok(Some(p)) => c.send(&p).await?,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::error!(error = %e, "a large value failed while it was sent over memcached; the connection is closed");
+                return Err(End::Closed);
+            }
+        }
+    }
+    drop(room);
+    Ok(())
+}
+
+/// A storage command: its data block is read (streamed to disk when longer than a chunk),
+/// checked for its `\r\n`, and stored as `op` says.
+#[allow(clippy::too_many_arguments)]
+async fn store_cmd(
+    c: &mut Conn,
+    store: &Store,
+    op: StoreOp,
+    key: &[u8],
+    flags: u32,
+    exptime: i64,
+    len: u64,
+    cas: u64,
+) -> Result<Answer, End> {
+    let cfg = store.config();
+    let streamed = len > cfg.chunk_size;
+    // Larger than the store takes; and appending or prepending more than a chunk, which
+    // larder does not (memcached's own items stop at 1 MiB by default).
+    if len > cfg.max_value_size || (streamed && matches!(op, StoreOp::Append | StoreOp::Prepend)) {
+        swallow(c, len + 2).await?;
+        return Ok(Answer::Line(Outcome::ServerError, "SERVER_ERROR object too large for cache\r\n"));
+    }
+    let preconditions = match op {
+        StoreOp::Add => vec![Precondition::Absent],
+        StoreOp::Replace => vec![Precondition::Present],
+        StoreOp::Cas => vec![Precondition::StoredAt(cas)],
+        _ => vec![],
+    };
+    let put = Put { key: key.to_vec(), flags, expiry: expiry(exptime), preconditions };
+    let stored = if streamed {
+        match put_streamed(c, put, len).await? {
+            Some(r) => r,
+            None => return Ok(Answer::Line(Outcome::ClientError, "CLIENT_ERROR bad data chunk\r\n")),
+        }
+    } else {
+        let room = c.app.body_budget.reserve(len + 2).await;
+        c.want(len as usize + 2).await?;
+        let block = c.input.split_to(len as usize + 2).freeze();
+        if &block[len as usize..] != b"\r\n" {
+            return Ok(Answer::Line(Outcome::ClientError, "CLIENT_ERROR bad data chunk\r\n"));
+        }
+        let data = block.slice(..len as usize);
+        let r = match op {
+            StoreOp::Append | StoreOp::Prepend => concat(c, put, data, op == StoreOp::Append).await,
+            _ => put_value(c, put, data).await,
+        };
+        drop(room);
+        r
+    };
+    Ok(match stored {
+        Ok(()) => Answer::Line(Outcome::Stored, "STORED\r\n"),
+        Err(e) if e.kind() == ErrorKind::PreconditionFailed => match op {
+            StoreOp::Cas => {
+                // EXISTS when the key has a value (another version), NOT_FOUND when none.
+                match read_body_of(&c.app, store, key, Part::Nothing).await {
+                    Ok(Some(_)) => Answer::Line(Outcome::Exists, "EXISTS\r\n"),
+                    Ok(None) => Answer::Line(Outcome::NotFound, "NOT_FOUND\r\n"),
+                    Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
+                }
+            }
+            _ => Answer::Line(Outcome::NotStored, "NOT_STORED\r\n"),
+        },
+        Err(e) if e.kind() == ErrorKind::TooLarge => {
+            Answer::Line(Outcome::ServerError, "SERVER_ERROR object too large for cache\r\n")
+        }
+        Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
+    })
+}
+
+/// What a storage command writes, owned so that it can move to the blocking pool.
+struct Put {
+    key: Vec<u8>,
+    flags: u32,
+    expiry: Expiry,
+    preconditions: Vec<Precondition>,
+}
+
+impl Put {
+    fn options(&self) -> PutOptions<'_> {
+        PutOptions {
+            expiry: self.expiry,
+            flags: self.flags,
+            content_type: None,
+            preconditions: &self.preconditions,
+            nonblocking: false,
+        }
+    }
+}
+
+/// Stores `data` (at most a chunk): inline when the write need not wait, else on the
+/// blocking pool.
+async fn put_value(c: &Conn, put: Put, data: Bytes) -> larder_engine::Result<()> {
+    let store = c.app.store.get().expect("ready");
+    match store.put(&put.key, &data, &PutOptions { nonblocking: true, ..put.options() }) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+            blocking(&c.app, move |s| s.put(&put.key, &data, &put.options()).map(|_| ())).await
+        }
+        r => r.map(|_| ()),
+    }
+}
+
+/// A data block longer than a chunk, written to disk as it arrives (as an HTTP upload is):
+/// `Ok(None)` when it does not end with `\r\n`, and then nothing is stored.
+async fn put_streamed(c: &mut Conn, put: Put, len: u64) -> Result<Option<larder_engine::Result<()>>, End> {
+    let app = c.app.clone();
+    let chunk = app.store.get().expect("ready").config().chunk_size;
+    let _turn = app.uploads.acquire().await.expect("the uploads' semaphore is never closed");
+    let _room = app.body_budget.reserve(2 * chunk).await;
+    // An empty piece ends the value: it may be stored.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(2);
+    let app2 = app.clone();
+    let writing = tokio::task::spawn_blocking(move || {
+        let store = app2.store.get().expect("ready");
+        let mut w = store.writer(&put.key, &put.options())?;
+        while let Some(piece) = rx.blocking_recv() {
+            if piece.is_empty() {
+                return w.finish().map(|_| true);
+            }
+            w.write(&piece)?;
+        }
+        Ok(false) // cut short: nothing is stored
+    });
+    let mut left = len;
+    let mut writer_gone = false;
+    while left > 0 {
+        if c.input.is_empty() {
+            if let Err(end) = c.fill().await {
+                drop(tx);
+                let _ = writing.await;
+                return Err(end);
+            }
+        }
+        let take = (c.input.len() as u64).min(left) as usize;
+        let piece = c.input.split_to(take).freeze();
+        left -= take as u64;
+        // A writer that failed reads no more: the rest of the block is read past.
+        if !writer_gone && tx.send(piece).await.is_err() {
+            writer_gone = true;
+        }
+    }
+    let ended = match c.want(2).await {
+        Ok(()) => &c.input.split_to(2)[..] == b"\r\n",
+        Err(end) => {
+            drop(tx);
+            let _ = writing.await;
+            return Err(end);
+        }
+    };
+    if ended {
+        let _ = tx.send(Bytes::new()).await;
+    }
+    drop(tx);
+    let written = writing.await.expect("store call panicked");
+    Ok(match (ended, written) {
+        (false, Ok(_)) => None,
+        (_, Ok(_)) => Some(Ok(())),
+        (_, Err(e)) => Some(Err(e)),
+    })
+}
+
+/// `append` and `prepend`: the value read, and `data` added to it, stored on the condition
+/// that the value is still the one read (its flags, expiry and content type kept). Round
+/// again when another write came in between.
+async fn concat(c: &Conn, put: Put, data: Bytes, append: bool) -> larder_engine::Result<()> {
+    blocking(&c.app, move |s| loop {
+        let Some(mut r) = s.reader(&put.key, Part::Whole)? else {
+            return Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "the key has no value"));
+        };
+        let v = r.value().clone();
+        let cond = [Precondition::StoredAt(v.stored_ms)];
+        let opts = PutOptions {
+            expiry: Expiry::of(v.expiry_ms),
+            flags: v.flags,
+            content_type: v.content_type.as_deref(),
+            preconditions: &cond,
+            nonblocking: false,
+        };
+        let mut w = s.writer(&put.key, &opts)?;
+        if !append {
+            w.write(&data)?;
+        }
+        while let Some(piece) = r.next_piece()? {
+            w.write(&piece)?;
+        }
+        if append {
+            w.write(&data)?;
+        }
+        match w.finish() {
+            Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+            r => return r.map(|_| ()),
+        }
+    })
+    .await
+}
+
+/// `incr` and `decr`, as memcached computes and stores them.
+async fn arith(c: &Conn, key: &[u8], incr: bool, delta: u64) -> Answer {
+    enum Done {
+        Number(u64),
+        NotFound,
+        NotNumeric,
+    }
+    let k = key.to_vec();
+    let r = blocking(&c.app, move |s| loop {
+        let v = match s.get(&k, &ReadOptions::default()) {
+            Ok(Some(v)) => v,
+            Ok(None) => return Ok(Done::NotFound),
+            // Longer than a chunk: no number is that long.
+            Err(e) if e.kind() == ErrorKind::TooLarge => return Ok(Done::NotNumeric),
+            Err(e) => return Err(e),
+        };
+        let Some((n, bytes)) = text::apply_delta(&v.data, incr, delta) else { return Ok(Done::NotNumeric) };
+        let cond = [Precondition::StoredAt(v.stored_ms)];
+        let opts = PutOptions {
+            expiry: Expiry::of(v.expiry_ms),
+            flags: v.flags,
+            content_type: v.content_type.as_deref(),
+            preconditions: &cond,
+            nonblocking: false,
+        };
+        match s.put(&k, &bytes, &opts) {
+            Ok(_) => return Ok(Done::Number(n)),
+            Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+            Err(e) => return Err(e),
+        }
+    })
+    .await;
+    match r {
+        Ok(Done::Number(n)) => Answer::Owned(Outcome::Hit, format!("{n}\r\n")),
+        Ok(Done::NotFound) => Answer::Line(Outcome::Miss, "NOT_FOUND\r\n"),
+        Ok(Done::NotNumeric) => {
+            Answer::Line(Outcome::ClientError, "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n")
+        }
+        Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
+    }
+}
+
+/// `stats settings`: the settings of memcached's that larder has a counterpart of.
+fn settings(c: &Conn, store: &Store) -> String {
+    let cfg = store.config();
+    let s = &c.app.settings;
+    let lines = [
+        ("maxbytes", cfg.volume_size * cfg.volume_count as u64),
+        ("maxconns", s.max_connections as u64),
+        ("tcpport", s.memcache_listen.map_or(0, |a| a.port() as u64)),
+        ("item_size_max", cfg.max_value_size),
+        ("idle_timeout", s.idle_timeout.as_secs()),
+    ];
+    let mut out: String = lines.iter().map(|(k, v)| format!("STAT {k} {v}\r\n")).collect();
+    out.push_str("STAT evictions on\r\nSTAT cas_enabled yes\r\nSTAT flush_enabled yes\r\nEND\r\n");
+    out
+}
+
+/// `stats`: memcached's general statistics, under its field names, from the store and this
+/// listener's counters. `stats reset` and the detail groups larder has no counterpart for
+/// answer as memcached's do when empty.
+async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
+    let m = &c.app.memcache;
+    m.count(command_index(b"stats"), Outcome::Ok);
+    match args.first().copied() {
+        None => {}
+        Some(b"reset") => return "RESET\r\n".into(),
+        Some(b"detail") => return "CLIENT_ERROR usage: stats detail on|off|dump\r\n".into(),
+        Some(b"settings") => return settings(c, store),
+        Some(b"items" | b"slabs" | b"sizes" | b"conns" | b"extstore") => return "END\r\n".into(),
+        Some(_) => return "ERROR\r\n".into(),
+    }
+    let s = blocking(&c.app, |s| Ok(s.stats())).await.unwrap_or_else(|_| store.stats());
+    let now = now_ms();
+    let gets = ["get", "gets", "gat", "gats"];
+    let mut out = String::new();
+    let mut stat = |name: &str, value: String| {
+        out.push_str("STAT ");
+        out.push_str(name);
+        out.push(' ');
+        out.push_str(&value);
+        out.push_str("\r\n");
+    };
+    stat("pid", std::process::id().to_string());
+    stat("uptime", c.app.started.elapsed().as_secs().to_string());
+    stat("time", (now / 1000).to_string());
+    stat("version", version());
+    stat("pointer_size", (8 * std::mem::size_of::<usize>()).to_string());
+    stat("max_connections", c.app.settings.max_connections.to_string());
+    stat("curr_connections", m.curr_connections.load(Ordering::Relaxed).to_string());
+    stat("total_connections", m.total_connections.load(Ordering::Relaxed).to_string());
+    stat("rejected_connections", m.rejected_connections.load(Ordering::Relaxed).to_string());
+    stat("cmd_get", m.sum(&gets, &["hit", "miss"]).to_string());
+    stat("cmd_set", m.sum(&["set", "add", "replace", "append", "prepend", "cas"], &OUTCOMES).to_string());
+    stat("cmd_flush", m.sum(&["flush_all"], &["ok"]).to_string());
+    stat("cmd_touch", m.sum(&["touch", "gat", "gats"], &["touched", "not_found", "hit", "miss"]).to_string());
+    stat("get_hits", m.sum(&gets, &["hit"]).to_string());
+    stat("get_misses", m.sum(&gets, &["miss"]).to_string());
+    stat("delete_misses", m.get("delete", "not_found").to_string());
+    stat("delete_hits", m.get("delete", "deleted").to_string());
+    stat("incr_misses", m.get("incr", "miss").to_string());
+    stat("incr_hits", m.get("incr", "hit").to_string());
+    stat("decr_misses", m.get("decr", "miss").to_string());
+    stat("decr_hits", m.get("decr", "hit").to_string());
+    stat("cas_misses", m.get("cas", "not_found").to_string());
+    stat("cas_hits", m.get("cas", "stored").to_string());
+    stat("cas_badval", m.get("cas", "exists").to_string());
+    stat("touch_hits", (m.get("touch", "touched") + m.sum(&["gat", "gats"], &["hit"])).to_string());
+    stat("touch_misses", (m.get("touch", "not_found") + m.sum(&["gat", "gats"], &["miss"])).to_string());
+    stat("bytes_read", m.bytes_read.load(Ordering::Relaxed).to_string());
+    stat("bytes_written", m.bytes_written.load(Ordering::Relaxed).to_string());
+    stat("limit_maxbytes", s.capacity_bytes.to_string());
+    stat("threads", std::thread::available_parallelism().map_or(1, |n| n.get()).to_string());
+    stat("bytes", s.bytes_used.to_string());
+    stat("curr_items", s.keys.to_string());
+    stat("total_items", s.puts.to_string());
+    stat("evictions", s.evicted_entries.to_string());
+    out.push_str("END\r\n");
+    out
+}

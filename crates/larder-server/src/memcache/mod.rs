@@ -1,0 +1,254 @@
+//! memcached's protocol on the same store (`--memcache-listen`): every memcached client is a
+//! larder client. A key set here is the HTTP key of the same bytes.
+//!
+//! - `text.rs`: the text protocol's command lines, read as memcached 1.6 reads them.
+//! - `exec.rs`: each command against the store, and the answers memcached gives.
+//! - this file: the listener, each connection's loop (pipelined commands answered in one
+//!   write, data blocks read or streamed, idle timeout, the stop) and the connection limit.
+
+mod exec;
+pub mod text;
+
+use crate::app::App;
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+
+pub use exec::Counters;
+
+/// Answers are written once this much has gathered, even with more commands waiting: a
+/// pipelined batch of large gets holds no more than this.
+const FLUSH_AT: usize = 256 << 10;
+/// A connection must have been quiet this long to be closed for a newcomer.
+const QUIET_BEFORE_CLOSE: Duration = Duration::from_secs(1);
+
+/// The open memcached connections, so that past `--max-connections` a quiet one makes room.
+#[derive(Default)]
+struct Registry {
+    next_id: u64,
+    open: HashMap<u64, Arc<Entry>>,
+}
+
+struct Entry {
+    /// Milliseconds since `epoch` when the connection last finished a command or read a byte.
+    active_ms: AtomicU64,
+    /// Inside a command (a data block being read, an answer being written).
+    busy: AtomicBool,
+    close: Notify,
+}
+
+/// One memcached listener and its connections.
+pub struct Listener {
+    app: Arc<App>,
+    registry: Mutex<Registry>,
+    epoch: Instant,
+}
+
+impl Listener {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Registers a new connection, closing the longest-quiet idle one if the limit is reached;
+    /// `None` when every connection is busy.
+    fn admit(&self) -> Option<(u64, Arc<Entry>)> {
+        let mut r = self.registry.lock();
+        if r.open.len() >= self.app.settings.max_connections {
+            let now = self.now_ms();
+            let quiet = QUIET_BEFORE_CLOSE.as_millis() as u64;
+            let victim = r
+                .open
+                .iter()
+                .filter(|(_, e)| {
+                    !e.busy.load(Ordering::Relaxed) && now.saturating_sub(e.active_ms.load(Ordering::Relaxed)) >= quiet
+                })
+                .min_by_key(|(_, e)| e.active_ms.load(Ordering::Relaxed))
+                .map(|(id, _)| *id);
+            let e = r.open.remove(&victim?)?;
+            e.close.notify_one();
+        }
+        let entry = Arc::new(Entry {
+            active_ms: AtomicU64::new(self.now_ms()),
+            busy: AtomicBool::new(false),
+            close: Notify::new(),
+        });
+        let id = r.next_id;
+        r.next_id += 1;
+        r.open.insert(id, entry.clone());
+        Some((id, entry))
+    }
+}
+
+/// Binds the memcached listener (before recovery, so a bad address fails the start at once).
+pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }
+        .map_err(|e| e.to_string())?;
+    socket.set_reuseaddr(true).map_err(|e| e.to_string())?;
+    socket.bind(addr).map_err(|e| format!("cannot listen for memcached clients on {addr}: {e}"))?;
+    socket.listen(4096).map_err(|e| format!("cannot listen for memcached clients on {addr}: {e}"))
+}
+
+/// Accepts memcached connections until `shutdown`; then lets each finish the commands it has
+/// read and closes it, waiting for them up to `--shutdown-timeout`.
+pub async fn run(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+    let l = Arc::new(Listener { app: app.clone(), registry: Mutex::new(Registry::default()), epoch: Instant::now() });
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    app.memcache.total_connections.fetch_add(1, Ordering::Relaxed);
+                    match l.admit() {
+                        Some((id, entry)) => {
+                            conns.spawn(serve(l.clone(), stream, shutdown.clone(), id, entry));
+                        }
+                        None => {
+                            app.memcache.rejected_connections.fetch_add(1, Ordering::Relaxed);
+                            conns.spawn(refuse(stream));
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "memcached accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    let limit = app.settings.shutdown_timeout;
+    if tokio::time::timeout(limit, async { while conns.join_next().await.is_some() {} }).await.is_err() {
+        tracing::warn!(left = conns.len(), "memcached connections still busy after {limit:?}; closing them");
+        conns.abort_all();
+    }
+}
+
+/// Past the connection limit with every connection busy: memcached's answer, then close.
+async fn refuse(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(b"ERROR Too many open connections\r\n").await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+/// Why a connection's loop ended.
+pub(crate) enum End {
+    /// The client closed, quit, went quiet past the idle timeout, or sent what memcached
+    /// closes a connection for.
+    Closed,
+}
+
+/// A connection's state: its socket, what was read and not yet used, answers not yet written.
+pub(crate) struct Conn {
+    pub app: Arc<App>,
+    stream: TcpStream,
+    pub input: BytesMut,
+    pub out: Vec<u8>,
+    entry: Arc<Entry>,
+    listener: Arc<Listener>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Conn {
+    /// Reads more from the client; `Err(End)` when it closed, the idle timeout passed, the
+    /// connection was closed for a newcomer, or the server stops while nothing is pending.
+    pub async fn fill(&mut self) -> Result<(), End> {
+        self.flush().await?;
+        let idle = self.app.settings.idle_timeout;
+        let stopping_idle = *self.shutdown.borrow() && self.input.is_empty();
+        if stopping_idle {
+            return Err(End::Closed);
+        }
+        let between = self.input.is_empty();
+        self.entry.busy.store(!between, Ordering::Relaxed);
+        self.input.reserve(16 << 10);
+        let (stream, input, entry, shutdown) = (&mut self.stream, &mut self.input, &self.entry, &mut self.shutdown);
+        let read = async {
+            tokio::select! {
+                r = stream.read_buf(input) => r.ok().filter(|&n| n > 0),
+                _ = entry.close.notified() => None,
+                // Between commands, a stop closes the connection; inside one, it finishes.
+                _ = shutdown.changed(), if between => None,
+            }
+        };
+        let got = if idle.is_zero() { read.await } else { tokio::time::timeout(idle, read).await.ok().flatten() };
+        match got {
+            Some(n) => {
+                self.app.memcache.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+                self.entry.active_ms.store(self.listener.now_ms(), Ordering::Relaxed);
+                Ok(())
+            }
+            None => Err(End::Closed),
+        }
+    }
+
+    /// Writes the answers gathered so far.
+    pub async fn flush(&mut self) -> Result<(), End> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let r = self.stream.write_all(&self.out).await;
+        self.app.memcache.bytes_written.fetch_add(self.out.len() as u64, Ordering::Relaxed);
+        self.out.clear();
+        if self.out.capacity() > 4 * FLUSH_AT {
+            self.out.shrink_to(FLUSH_AT);
+        }
+        r.map_err(|_| End::Closed)
+    }
+
+    /// Writes `bytes` straight to the client, after what was gathered (a large value's piece).
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), End> {
+        self.flush().await?;
+        self.app.memcache.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.stream.write_all(bytes).await.map_err(|_| End::Closed)
+    }
+
+    /// Flushes once enough has gathered.
+    pub async fn maybe_flush(&mut self) -> Result<(), End> {
+        if self.out.len() >= FLUSH_AT {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Ensures `n` bytes are read (for a data block).
+    pub async fn want(&mut self, n: usize) -> Result<(), End> {
+        while self.input.len() < n {
+            self.input.reserve(n - self.input.len());
+            self.fill().await?;
+        }
+        Ok(())
+    }
+}
+
+/// Serves one connection: commands are read, run in order and answered; answers to
+/// pipelined commands go out in one write once no complete command is left to run.
+async fn serve(l: Arc<Listener>, stream: TcpStream, shutdown: watch::Receiver<bool>, id: u64, entry: Arc<Entry>) {
+    let _ = stream.set_nodelay(true);
+    let app = l.app.clone();
+    app.memcache.curr_connections.fetch_add(1, Ordering::Relaxed);
+    let mut c = Conn {
+        app: app.clone(),
+        stream,
+        input: BytesMut::with_capacity(16 << 10),
+        out: Vec::with_capacity(16 << 10),
+        entry,
+        listener: l.clone(),
+        shutdown,
+    };
+    let _ = exec::session(&mut c).await;
+    let _ = c.flush().await;
+    let _ = c.stream.shutdown().await;
+    app.memcache.curr_connections.fetch_sub(1, Ordering::Relaxed);
+    l.registry.lock().open.remove(&id);
+}

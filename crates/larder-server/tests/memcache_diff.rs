@@ -1,0 +1,339 @@
+//! Differential test of the memcached text protocol: the same byte sequences go to Debian's
+//! memcached 1.6 and to larder, and the answers must match byte for byte, but for the
+//! documented differences (docs/MEMCACHED.md): cas uniques are compared by which answers
+//! share one (each server numbers them its own way), and `version` and `stats` by shape.
+//!
+//! Each case runs on a fresh connection to each server, after a `flush_all`, and ends with
+//! `mn` (answered `MN`), which marks the end of its answers; a case that closes the connection
+//! reads to the end instead.
+
+mod common;
+
+use common::Server;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Debian's memcached on a free loopback port, stopped when dropped.
+struct Memcached {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Memcached {
+    fn start() -> Memcached {
+        let bin = "/usr/bin/memcached";
+        assert!(
+            std::path::Path::new(bin).exists(),
+            "{bin} is missing: scripts/install-bench-deps.sh installs Debian's memcached"
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(bin)
+            .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-m", "64", "-t", "1", "-u", "nobody"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start memcached");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let started = Instant::now();
+        while TcpStream::connect(addr).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(10), "memcached did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Memcached { child, addr }
+    }
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One step of a case: bytes to send (with `{cas}` standing for the last cas unique this
+/// connection was given, and `{now+N}` for a Unix time), or a pause.
+enum Step {
+    Send(Vec<u8>),
+    Sleep(u64),
+}
+
+fn send(s: &str) -> Step {
+    Step::Send(s.as_bytes().to_vec())
+}
+
+/// Sends a case's steps and reads its answers.
+fn run_case(addr: SocketAddr, steps: &[Step], closes: bool) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"flush_all\r\n").unwrap();
+    let mut answers = Vec::new();
+    read_until(&mut s, &mut answers, b"OK\r\n");
+    answers.clear();
+    let mut last_cas = String::from("0");
+    for step in steps {
+        match step {
+            Step::Sleep(ms) => std::thread::sleep(Duration::from_millis(*ms)),
+            Step::Send(bytes) => {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+                let mut text = String::from_utf8_lossy(bytes).replace("{cas}", &last_cas);
+                for (tag, t) in [("{now+100}", now + 100), ("{now-100}", now - 100)] {
+                    text = text.replace(tag, &t.to_string());
+                }
+                let out = if bytes.is_ascii() { text.into_bytes() } else { bytes.clone() };
+                s.write_all(&out).unwrap();
+                // The answers so far, so that `{cas}` can name what this step's gets returned.
+                s.write_all(b"mn\r\n").unwrap();
+                let before = answers.len();
+                if !read_until(&mut s, &mut answers, b"MN\r\n") {
+                    return answers; // closed
+                }
+                answers.truncate(answers.len() - 4);
+                if let Some(c) = cas_of(&answers[before..]).pop() {
+                    last_cas = c;
+                }
+            }
+        }
+    }
+    if closes {
+        let _ = s.read_to_end(&mut answers);
+    }
+    answers
+}
+
+/// Reads until the answers end with `end`; `false` if the connection closed first.
+fn read_until(s: &mut TcpStream, buf: &mut Vec<u8>, end: &[u8]) -> bool {
+    let mut chunk = [0u8; 65536];
+    while !buf.ends_with(end) {
+        match s.read(&mut chunk) {
+            Ok(0) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return false,
+            Err(e) => panic!("reading answers: {e}; so far {:?}", String::from_utf8_lossy(buf)),
+        }
+    }
+    true
+}
+
+/// The cas uniques of the `VALUE` lines of gets and gats answers, in order.
+fn cas_of(answers: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(answers);
+    text.split("\r\n")
+        .filter(|l| l.starts_with("VALUE "))
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            (w.len() == 5).then(|| w[4].to_string())
+        })
+        .collect()
+}
+
+/// The answers with each cas unique replaced by the order in which it first appeared, and
+/// `stats`/`version` answers by their shape.
+fn normalize(answers: &[u8]) -> String {
+    let text = String::from_utf8_lossy(answers).into_owned();
+    let mut seen: Vec<String> = Vec::new();
+    let mut out = String::new();
+    let mut in_stats = false;
+    for line in text.split_inclusive("\r\n") {
+        if line.starts_with("STAT ") {
+            if !in_stats {
+                out.push_str("<stats>\r\n");
+            }
+            in_stats = true;
+            continue;
+        }
+        in_stats = false;
+        if line.starts_with("VERSION ") {
+            out.push_str("VERSION <v>\r\n");
+            continue;
+        }
+        let w: Vec<&str> = line.trim_end_matches("\r\n").split(' ').collect();
+        if w.len() == 5 && w[0] == "VALUE" {
+            let i = seen.iter().position(|c| c == w[4]).unwrap_or_else(|| {
+                seen.push(w[4].to_string());
+                seen.len() - 1
+            });
+            out.push_str(&format!("VALUE {} {} {} <cas{i}>\r\n", w[1], w[2], w[3]));
+            continue;
+        }
+        out.push_str(line);
+    }
+    out
+}
+
+/// The corpus: every command and flag of the text protocol, edge cases included.
+fn corpus() -> Vec<(&'static str, Vec<Step>, bool)> {
+    let k250 = "k".repeat(250);
+    let k251 = "k".repeat(251);
+    let many: String = (0..120).map(|i| format!("set m{i} {i} 0 {}\r\n{i}\r\n", i.to_string().len())).collect();
+    let many_get: String = (0..130).map(|i| format!(" m{i}")).collect();
+    let big = format!("set big 0 0 {}\r\n{}\r\nget big\r\n", 2 << 20, "b".repeat(2 << 20));
+    let long_line = format!("set {}\r\n", "x".repeat(3000));
+    vec![
+        ("set and get", vec![send("set a 0 0 1\r\nx\r\nget a\r\nget b\r\n")], false),
+        (
+            "flags at the edges",
+            vec![send(
+                "set a 4294967295 0 1\r\nx\r\nget a\r\nset a 4294967296 0 1\r\ny\r\nget a\r\nset a -1 0 1\r\nz\r\nget a\r\nset a +7 0 1\r\nz\r\nget a\r\n",
+            )],
+            false,
+        ),
+        ("multi-get with repeats", vec![send("set a 0 0 1\r\n1\r\nset b 3 0 2\r\n22\r\nget a b c a\r\n")], false),
+        (
+            "gets and cas",
+            vec![
+                send("set a 0 0 1\r\n1\r\ngets a\r\n"),
+                send("cas a 5 0 1 {cas}\r\n2\r\n"),
+                send("cas a 0 0 1 {cas}\r\n3\r\ngets a\r\n"),
+                send("cas nope 0 0 1 1\r\nx\r\ncas a 0 0 1 abc\r\nx\r\ncas a 0 0 1\r\n"),
+                send("cas a 0 0 1 {cas} noreply\r\n4\r\nget a\r\n"),
+            ],
+            false,
+        ),
+        (
+            "touch keeps the cas unique, a write changes it",
+            vec![
+                send("set a 0 0 1\r\nx\r\ngets a\r\ntouch a 100\r\ngets a\r\n"),
+                send("cas a 0 0 1 {cas}\r\ny\r\ngets a\r\nincr a 1\r\n"),
+                send("set n 0 0 1\r\n1\r\ngets n\r\nincr n 1\r\ncas n 0 0 1 {cas}\r\n5\r\nget n\r\n"),
+            ],
+            false,
+        ),
+        (
+            "add and replace",
+            vec![send(
+                "add a 1 0 1\r\n1\r\nadd a 2 0 1\r\n2\r\nreplace b 0 0 1\r\n1\r\nreplace a 3 0 1\r\n3\r\nget a b\r\n",
+            )],
+            false,
+        ),
+        (
+            "append and prepend keep flags",
+            vec![send(
+                "append a 0 0 1\r\nx\r\nprepend a 0 0 1\r\nx\r\nset a 7 0 2\r\nmm\r\nappend a 9 0 2\r\nzz\r\nprepend a 9 0 2\r\naa\r\nget a\r\n",
+            )],
+            false,
+        ),
+        (
+            "incr and decr",
+            vec![send(concat!(
+                "incr a 1\r\ndecr a 1\r\nset a 0 0 2\r\n10\r\nincr a 5\r\ndecr a 100\r\nget a\r\n",
+                "set a 0 0 3\r\n100\r\ndecr a 1\r\nget a\r\nincr a 1\r\nget a\r\n",
+                "set b 0 0 3\r\nabc\r\nincr b 1\r\nincr a -1\r\nincr a abc\r\nincr a 18446744073709551616\r\n",
+                "set c 0 0 20\r\n18446744073709551615\r\nincr c 1\r\nget c\r\ndecr c 5\r\nget c\r\n",
+                "set d 0 0 0\r\n\r\nincr d 1\r\nset e 2 0 3\r\n 12\r\nincr e 1\r\nget e\r\n",
+                "set f 0 0 5\r\n12 34\r\nincr f 1\r\nget f\r\nset g 0 0 2\r\n-1\r\nincr g 1\r\n",
+                "set h 0 0 2\r\n99\r\nincr h 1\r\nget h\r\nincr\r\nincr a\r\nincr a 1 2 3\r\n",
+            ))],
+            false,
+        ),
+        (
+            "delete and its forms",
+            vec![send(
+                "delete a\r\nset a 0 0 1\r\nx\r\ndelete a 0\r\nset a 0 0 1\r\nx\r\ndelete a 0 noreply\r\nget a\r\nset a 0 0 1\r\nx\r\ndelete a 5\r\ndelete a noreply\r\nget a\r\ndelete\r\ndelete a 0 noreply extra\r\n",
+            )],
+            false,
+        ),
+        (
+            "touch, gat and gats",
+            vec![send(
+                "touch a 10\r\nset a 4 0 1\r\nx\r\ntouch a 10\r\ntouch a abc\r\ntouch a\r\ngat 100 a b\r\ngats 100 a\r\ngat abc a\r\ngat 100\r\ngat\r\n",
+            )],
+            false,
+        ),
+        (
+            "expiry: relative, negative, absolute, touched away",
+            vec![
+                send(concat!(
+                    "set a 0 1 1\r\nx\r\nset b 0 -1 1\r\ny\r\nget a b\r\n",
+                    "set c 0 {now+100} 1\r\nz\r\nget c\r\nset d 0 {now-100} 1\r\nz\r\nget d\r\n",
+                    "set e 0 0 1\r\nx\r\ntouch e -1\r\nget e\r\nset f 0 0 1\r\nx\r\ngat -1 f\r\nget f\r\n",
+                    "set g 0 100 1\r\nx\r\nset g 0 -1 1\r\ny\r\nget g\r\n",
+                )),
+                Step::Sleep(2100),
+                send("get a c\r\n"),
+            ],
+            false,
+        ),
+        (
+            "noreply on every command that takes it",
+            vec![send(concat!(
+                "set a 0 0 1 noreply\r\n1\r\nadd a 0 0 1 noreply\r\n2\r\nreplace a 0 0 1 noreply\r\n3\r\n",
+                "append a 0 0 1 noreply\r\n4\r\nprepend a 0 0 1 noreply\r\n5\r\nget a\r\n",
+                "set n 0 0 1\r\n5\r\nincr n 1 noreply\r\ndecr n 2 noreply\r\nincr a 1 noreply\r\nget n\r\n",
+                "touch n 0 noreply\r\ndelete n noreply\r\nget n\r\nflush_all noreply\r\nget a\r\n",
+                "set a 0 0 abc noreply\r\nverbosity 1 noreply\r\nadd a 0 0 1 noreply\r\n1\r\nadd a 0 0 1 noreply\r\n2\r\nget a\r\n",
+            ))],
+            false,
+        ),
+        (
+            "flush_all and its forms",
+            vec![send(concat!(
+                "set a 0 0 1\r\nx\r\nflush_all\r\nget a\r\nset a 0 0 1\r\ny\r\nget a\r\n",
+                "flush_all 0\r\nflush_all -1\r\nflush_all abc\r\nflush_all 1 2\r\nflush_all 1 noreply extra\r\nget a\r\nflush_all 0 noreply\r\n",
+            ))],
+            false,
+        ),
+        (
+            "a delayed flush_all",
+            vec![send("set a 0 0 1\r\nx\r\nflush_all 2\r\nget a\r\n"), Step::Sleep(3100), send("get a\r\n")],
+            false,
+        ),
+        (
+            "version, verbosity, stats, mn",
+            vec![send(
+                "version\r\nverbosity 1\r\nverbosity\r\nverbosity noreply\r\nverbosity 1 noreply\r\nverbosity abc\r\nverbosity 1 2\r\nstats\r\nstats settings\r\nstats detail\r\nstats reset\r\nstats bogus\r\nmn\r\n",
+            )],
+            false,
+        ),
+        (
+            "unknown commands and malformed lines",
+            vec![send(concat!(
+                "\r\nx\r\nGET a\r\nget\r\nbogus a b c\r\nset a 0 0\r\nset a 0 0 1 2 3\r\n",
+                "set a 0 0 -1\r\nset a 0 0 abc\r\nset a abc 0 1\r\nx\r\nset a 0 abc 1\r\nx\r\n",
+                "   get    a   \r\nset  b  0  0  1 \r\nq\r\nget b\r\nget a\n",
+            ))],
+            false,
+        ),
+        (
+            "keys at the length limit",
+            ["set {k} 0 0 1\r\nx\r\nget {k}\r\n", "get {K}\r\n", "set {K} 0 0 1\r\nx\r\n", "delete {K}\r\n", "incr {K} 1\r\n", "touch {K} 1\r\n", "get a {K} b\r\n"]
+                .iter()
+                .map(|s| Step::Send(s.replace("{k}", &k250).replace("{K}", &k251).into_bytes()))
+                .collect(),
+            false,
+        ),
+        (
+            "a data block longer or shorter than declared",
+            vec![send("set a 0 0 1\r\nxyz\r\nget a\r\n"), send("set a 0 0 5\r\nab\r\nget a\r\nget a\r\n")],
+            false,
+        ),
+        (
+            "a value larger than the largest item is refused and read past",
+            vec![Step::Send(big.into_bytes()), send("set a 0 0 1\r\nx\r\nget a\r\n")],
+            false,
+        ),
+        ("a pipeline of 120 sets and a get of 130 keys", vec![Step::Send(format!("{many}get{many_get}\r\n").into_bytes())], false),
+        ("quit closes the connection", vec![send("set a 0 0 1\r\nx\r\nget a\r\nquit\r\nget a\r\n")], true),
+        ("a command line too long closes the connection", vec![Step::Send(long_line.into_bytes())], true),
+        ("an HTTP request closes the connection", vec![send("GET / HTTP/1.1\r\n")], true),
+    ]
+}
+
+#[test]
+fn the_text_protocol_answers_as_memcached_does() {
+    let memcached = Memcached::start();
+    // memcached's largest item is 1 MiB by default; larder is given the same limit here.
+    let larder =
+        Server::start(&["--memcache-listen", "127.0.0.1:0", "--max-value-size", "1MiB", "--memory-capacity", "16MiB"]);
+    let ours = larder.memcache.expect("memcached address");
+    let mut diffs = Vec::new();
+    for (name, steps, closes) in corpus() {
+        let theirs = normalize(&run_case(memcached.addr, &steps, closes));
+        let mine = normalize(&run_case(ours, &steps, closes));
+        if theirs != mine {
+            diffs.push(format!("--- {name}\nmemcached:\n{theirs}\nlarder:\n{mine}"));
+        }
+    }
+    assert!(diffs.is_empty(), "{} of the corpus's cases differ:\n{}", diffs.len(), diffs.join("\n"));
+}
