@@ -1,0 +1,291 @@
+//! The memcached protocol through the real binary: real clients (pymemcache, libmemcached's
+//! memccp and memccat), one namespace with HTTP, malformed input, restarts and kills, large
+//! values in bounded memory, and the connection limits.
+
+mod common;
+
+use common::{bytes, Server};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn server(extra: &[&str]) -> Server {
+    let mut args = vec!["--memcache-listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
+/// A plain text-protocol connection.
+struct Mc(TcpStream);
+
+impl Mc {
+    fn connect(s: &Server) -> Mc {
+        let t = TcpStream::connect(s.memcache.expect("memcached address")).unwrap();
+        t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        Mc(t)
+    }
+
+    /// Sends `bytes` and reads until the answers end with `end`.
+    fn ask(&mut self, bytes: &[u8], end: &str) -> String {
+        String::from_utf8(self.ask_bytes(bytes, end)).expect("text answers")
+    }
+
+    fn ask_bytes(&mut self, bytes: &[u8], end: &str) -> Vec<u8> {
+        self.0.write_all(bytes).unwrap();
+        self.read_bytes_until(end)
+    }
+
+    fn read_until(&mut self, end: &str) -> String {
+        String::from_utf8(self.read_bytes_until(end)).expect("text answers")
+    }
+
+    fn read_bytes_until(&mut self, end: &str) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 65536];
+        while !got.ends_with(end.as_bytes()) {
+            let n = self.0.read(&mut buf).unwrap_or_else(|e| panic!("{e}; so far {:?}", String::from_utf8_lossy(&got)));
+            assert!(n > 0, "closed; so far {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    }
+
+    fn closed(&mut self) -> bool {
+        let mut buf = [0u8; 256];
+        loop {
+            match self.0.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+#[test]
+fn pymemcache_works_unchanged_and_shares_the_http_namespace() {
+    let s = server(&["--volume-size", "64MiB", "--volume-count", "8"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/pymemcache_client.py");
+    // Debian's python3, where python3-pymemcache is installed (scripts/install-bench-deps.sh).
+    let out = Command::new("/usr/bin/python3")
+        .args([script, &s.memcache.unwrap().to_string(), &s.addr.to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run /usr/bin/python3 (scripts/install-bench-deps.sh installs python3-pymemcache)");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("all checks passed"), "{said}");
+}
+
+#[test]
+fn memccp_and_memccat_copy_files_in_and_out_byte_for_byte() {
+    let s = server(&[]);
+    let servers = format!("--servers={}", s.memcache.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("thumb.bin");
+    let content = bytes(7, 300_000);
+    std::fs::write(&file, &content).unwrap();
+    let cp =
+        Command::new("memccp").args([&servers, file.to_str().unwrap()]).output().expect("memccp (libmemcached-tools)");
+    assert!(cp.status.success(), "{}", String::from_utf8_lossy(&cp.stderr));
+    let cat = Command::new("memccat").args([&servers, "thumb.bin"]).output().expect("memccat");
+    assert!(cat.status.success(), "{}", String::from_utf8_lossy(&cat.stderr));
+    // memccat ends each value it prints with a newline (it does with memcached too).
+    assert!(cat.stdout.strip_suffix(b"\n") == Some(&content[..]), "memccat gave other bytes");
+    // The key memccp chose is the HTTP key of the same bytes, and the reverse.
+    let r = s.client().get("/thumb.bin");
+    assert_eq!(r.status, 200);
+    assert!(r.body == content);
+    assert_eq!(s.client().put("/put-over-http", b"from http").status, 200);
+    let cat = Command::new("memccat").args([&servers, "put-over-http"]).output().unwrap();
+    assert_eq!(cat.stdout, b"from http\n");
+}
+
+#[test]
+fn malformed_input_answers_memcached_errors_and_loses_nothing() {
+    let s = server(&["--max-value-size", "1MiB"]);
+    let mut c = Mc::connect(&s);
+    assert_eq!(c.ask(b"set keep 5 0 4\r\nsafe\r\n", "\r\n"), "STORED\r\n");
+    let cases: [(&[u8], &str); 9] = [
+        (b"bogus\r\n", "ERROR\r\n"),
+        (b"set keep 0 0 x\r\n", "CLIENT_ERROR bad command line format\r\n"),
+        (b"set keep 0 0 2\r\nlonger\r\n", "CLIENT_ERROR bad data chunk\r\nERROR\r\n"),
+        (b"set keep 0 0 8\r\nshort\r\nabcdef\r\n", "CLIENT_ERROR bad data chunk\r\nERROR\r\n"),
+        (b"incr keep 1\r\n", "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"),
+        (b"incr keep -5\r\n", "CLIENT_ERROR invalid numeric delta argument\r\n"),
+        (b"cas keep 0 0 1 99\r\nx\r\n", "EXISTS\r\n"),
+        (b"set keep 0 0 2000000\r\n", "SERVER_ERROR object too large for cache\r\n"),
+        (b"delete keep 7\r\n", "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"),
+    ];
+    for (input, answer) in cases {
+        c.0.write_all(input).unwrap();
+        if input.ends_with(b"2000000\r\n") {
+            c.0.write_all(&vec![b'z'; 2_000_002]).unwrap(); // the refused block, read past
+        }
+        let got = c.ask(b"get keep\r\n", "END\r\n");
+        let want = format!("{answer}VALUE keep 5 4\r\nsafe\r\nEND\r\n");
+        assert_eq!(got, want, "after {:?}", String::from_utf8_lossy(&input[..input.len().min(40)]));
+    }
+    assert_eq!(s.client().get("/keep").body, b"safe");
+    // The binary protocol is refused with a line that says so, and the connection closed.
+    let mut b = Mc::connect(&s);
+    let got = b.ask(&[0x80, 0x0b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "\r\n");
+    assert!(got.starts_with("SERVER_ERROR the binary protocol is not supported"), "{got}");
+    assert!(b.closed());
+    // A line that never ends closes the connection, as memcached does; others go on.
+    let mut l = Mc::connect(&s);
+    l.0.write_all(&vec![b'x'; 4000]).unwrap();
+    assert!(l.closed());
+    assert_eq!(Mc::connect(&s).ask(b"get keep\r\n", "END\r\n"), "VALUE keep 5 4\r\nsafe\r\nEND\r\n");
+}
+
+#[test]
+fn flush_all_and_expiry_hold_across_a_restart_and_a_kill() {
+    let mut s = server(&[]);
+    let mut c = Mc::connect(&s);
+    c.ask(
+        b"set old 0 0 1\r\n1\r\nflush_all\r\nset new 0 0 1\r\n2\r\nset ttl 0 2 1\r\n3\r\nset far 0 1000 1\r\n4\r\n",
+        "STORED\r\nOK\r\nSTORED\r\nSTORED\r\nSTORED\r\n",
+    );
+    c.ask(b"flush_all 3\r\n", "OK\r\n");
+    drop(c);
+    s.stop();
+    s.restart();
+    let mut c = Mc::connect(&s);
+    assert_eq!(
+        c.ask(b"get old new ttl far\r\n", "END\r\n"),
+        "VALUE new 0 1\r\n2\r\nVALUE ttl 0 1\r\n3\r\nVALUE far 0 1\r\n4\r\nEND\r\n"
+    );
+    s.kill();
+    s.restart();
+    std::thread::sleep(Duration::from_millis(3200));
+    // The TTL ran out, and the delayed flush took effect, while restarted after a kill.
+    let mut c = Mc::connect(&s);
+    assert_eq!(c.ask(b"get old new ttl far\r\n", "END\r\n"), "END\r\n");
+    assert_eq!(s.client().get("/far").status, 404, "the flush covers HTTP's view too");
+    c.ask(b"set after 0 0 1\r\n5\r\n", "STORED\r\n");
+    s.kill();
+    s.restart();
+    assert_eq!(Mc::connect(&s).ask(b"get after\r\n", "END\r\n"), "VALUE after 0 1\r\n5\r\nEND\r\n");
+}
+
+#[test]
+fn a_kill_during_a_set_flood_loses_nothing_answered_stored() {
+    let mut s = server(&["--volume-size", "16MiB", "--volume-count", "8"]);
+    let addr = s.memcache.unwrap();
+    let stored = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let stored = stored.clone();
+            std::thread::spawn(move || {
+                let Ok(mut t) = TcpStream::connect(addr) else { return };
+                t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                for i in 0.. {
+                    let key = format!("w{w}-{i}");
+                    let value = bytes(i as u64 * 4 + w, 100 + (i % 50) * 97);
+                    let mut msg = format!("set {key} {i} 0 {}\r\n", value.len()).into_bytes();
+                    msg.extend_from_slice(&value);
+                    msg.extend_from_slice(b"\r\n");
+                    if t.write_all(&msg).is_err() {
+                        return;
+                    }
+                    let mut answer = [0u8; 8];
+                    if t.read_exact(&mut answer).is_err() || &answer != b"STORED\r\n" {
+                        return;
+                    }
+                    stored.lock().unwrap().push((key, i, value));
+                }
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    while stored.lock().unwrap().len() < 2000 {
+        assert!(started.elapsed() < Duration::from_secs(60), "the flood did not get going");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    s.kill();
+    for w in writers {
+        w.join().unwrap();
+    }
+    s.restart();
+    let stored = stored.lock().unwrap();
+    let mut c = Mc::connect(&s);
+    for (key, flags, value) in stored.iter() {
+        let got = c.ask_bytes(format!("get {key}\r\n").as_bytes(), "END\r\n");
+        let mut want = format!("VALUE {key} {flags} {}\r\n", value.len()).into_bytes();
+        want.extend_from_slice(value);
+        want.extend_from_slice(b"\r\nEND\r\n");
+        assert!(
+            got == want,
+            "{key} lost or changed after the kill: {:?}",
+            String::from_utf8_lossy(&got[..got.len().min(80)])
+        );
+    }
+    println!("{} sets answered STORED, all there after kill -9", stored.len());
+}
+
+#[test]
+fn a_100_mib_set_streams_in_bounded_memory_and_reads_back_over_both_protocols() {
+    let s = server(&["--volume-size", "256MiB", "--volume-count", "8", "--memory-capacity", "0"]);
+    let value = bytes(3, 100 << 20);
+    let mut c = Mc::connect(&s);
+    let before = s.rss();
+    c.0.write_all(format!("set big 9 0 {}\r\n", value.len()).as_bytes()).unwrap();
+    let mut peak = 0;
+    for piece in value.chunks(1 << 20) {
+        c.0.write_all(piece).unwrap();
+        peak = peak.max(s.rss().saturating_sub(before));
+    }
+    assert_eq!(c.ask(b"\r\n", "\r\n"), "STORED\r\n");
+    c.0.write_all(b"get big\r\n").unwrap();
+    let head = format!("VALUE big 9 {}\r\n", value.len());
+    let mut got = Vec::with_capacity(value.len() + 100);
+    let mut buf = vec![0u8; 1 << 20];
+    while !got.ends_with(b"END\r\n") || got.len() < value.len() {
+        let n = c.0.read(&mut buf).unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+        peak = peak.max(s.rss().saturating_sub(before));
+    }
+    assert!(got.starts_with(head.as_bytes()));
+    assert!(got[head.len()..head.len() + value.len()] == value[..], "the value came back different");
+    assert_eq!(&got[head.len() + value.len()..], b"\r\nEND\r\n");
+    println!("server RSS growth over a 100 MiB set and get: {} MiB", peak >> 20);
+    assert!(peak < 64 << 20, "RSS grew {} MiB", peak >> 20);
+    let r = s.client().get("/big");
+    assert!(r.status == 200 && r.body == value, "the HTTP view of the same key");
+}
+
+#[test]
+fn idle_connections_time_out_and_the_limit_makes_room_or_refuses() {
+    let quick = server(&["--idle-timeout", "1s"]);
+    let mut idle = Mc::connect(&quick);
+    idle.ask(b"version\r\n", "\r\n");
+    let started = Instant::now();
+    assert!(idle.closed(), "an idle connection is closed");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let s = server(&["--max-connections", "2"]);
+    // Two busy connections (each in the middle of a data block) fill the limit: a third is
+    // refused with memcached's line.
+    let mut a = Mc::connect(&s);
+    let mut b = Mc::connect(&s);
+    a.0.write_all(b"set x 0 0 10\r\n12345").unwrap();
+    b.0.write_all(b"set y 0 0 10\r\n12345").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut c = Mc::connect(&s);
+    assert_eq!(c.read_until("\r\n"), "ERROR Too many open connections\r\n");
+    assert_eq!(a.ask(b"67890\r\n", "\r\n"), "STORED\r\n");
+    assert_eq!(b.ask(b"67890\r\n", "\r\n"), "STORED\r\n");
+    // Once one has been quiet a second, a newcomer takes its place.
+    std::thread::sleep(Duration::from_millis(1100));
+    let mut d = Mc::connect(&s);
+    assert_eq!(d.ask(b"get x\r\n", "END\r\n"), "VALUE x 0 10\r\n1234567890\r\nEND\r\n");
+    let stats = s.stats();
+    assert!(stats["memcache"]["rejected_connections"].as_u64().unwrap() >= 1, "{}", stats["memcache"]);
+    assert!(stats["memcache"]["commands"]["set"]["stored"].as_u64().unwrap() >= 2);
+    let metrics = s.client().get("/_larder/metrics");
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(text.contains(r#"larder_memcache_commands_total{command="get",outcome="hit"} 1"#), "{text}");
+}
