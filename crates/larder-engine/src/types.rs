@@ -108,7 +108,7 @@ pub enum Expiry {
 
 impl Expiry {
     /// The expiry time written in a record stamped at clock time `now` (0 = never).
-    pub(crate) fn at(self, now: u64) -> u64 {
+    pub fn at_ms(self, now: u64) -> u64 {
         match self {
             Expiry::Never => 0,
             Expiry::After(t) if t.is_zero() => 1,
@@ -134,6 +134,9 @@ pub struct PutOptions<'a> {
     pub expiry: Expiry,
     /// Client flags stored with the value and returned with it (memcached's item flags).
     pub flags: u32,
+    /// memcached's stale mark (meta `I`): the value was invalidated and is served as stale
+    /// until it is replaced.
+    pub stale: bool,
     /// Media type stored with the value (at most `MAX_CONTENT_TYPE` bytes).
     pub content_type: Option<&'a [u8]>,
     /// All must hold, or the put fails with `ErrorKind::PreconditionFailed` and stores nothing.
@@ -234,6 +237,8 @@ pub struct Value {
     pub expiry_ms: u64,
     /// The client flags stored with it (0 when none were).
     pub flags: u32,
+    /// Whether it carries memcached's stale mark.
+    pub stale: bool,
     /// Which tier answered. For a memory hit, `position` is where the value was read from
     /// when it was promoted (reinsertion may have moved the record since).
     pub tier: Tier,

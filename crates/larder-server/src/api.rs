@@ -344,6 +344,7 @@ impl PutHeaders {
         PutOptions {
             expiry: self.ttl.map_or(Expiry::Never, Expiry::After),
             flags: 0,
+            stale: false,
             content_type: self.content_type.as_deref(),
             preconditions: &self.preconditions,
             nonblocking: false,

@@ -33,6 +33,8 @@ pub struct App {
     pub uploads: tokio::sync::Semaphore,
     /// The memcached listener's counters (zero when it is off).
     pub memcache: crate::memcache::Counters,
+    /// The memcached meta protocol's per-item state.
+    pub memcache_items: crate::memcache::Items,
 }
 
 /// Streamed uploads written at once: a quarter of the blocking pool's 512 threads, so that

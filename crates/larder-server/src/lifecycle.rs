@@ -71,6 +71,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         body_budget: BodyBudget::new(settings.max_body_memory),
         uploads: tokio::sync::Semaphore::new(crate::app::MAX_STREAMED_UPLOADS),
         memcache: crate::memcache::Counters::default(),
+        memcache_items: crate::memcache::Items::default(),
     });
     // Recovery runs while the socket already answers (503 until ready).
     let (ready_tx, mut ready_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();

@@ -116,16 +116,29 @@ fn read_until(s: &mut TcpStream, buf: &mut Vec<u8>, end: &[u8]) -> bool {
     true
 }
 
-/// The cas uniques of the `VALUE` lines of gets and gats answers, in order.
+/// The cas uniques in answers, in order: of `VALUE` lines (gets, gats) and the `c` flags of
+/// meta answers.
 fn cas_of(answers: &[u8]) -> Vec<String> {
     let text = String::from_utf8_lossy(answers);
-    text.split("\r\n")
-        .filter(|l| l.starts_with("VALUE "))
-        .filter_map(|l| {
-            let w: Vec<&str> = l.split(' ').collect();
-            (w.len() == 5).then(|| w[4].to_string())
-        })
-        .collect()
+    let mut found = Vec::new();
+    for l in text.split("\r\n") {
+        let w: Vec<&str> = l.split(' ').collect();
+        if w.len() == 5 && w[0] == "VALUE" {
+            found.push(w[4].to_string());
+        } else if is_meta(w[0]) {
+            found.extend(w[1..].iter().filter_map(|t| meta_cas(t)).map(str::to_string));
+        }
+    }
+    found
+}
+
+fn is_meta(code: &str) -> bool {
+    matches!(code, "HD" | "VA" | "EN" | "NF" | "NS" | "EX")
+}
+
+/// The number of a meta `c<number>` flag.
+fn meta_cas(token: &str) -> Option<&str> {
+    token.strip_prefix('c').filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The answers with each cas unique replaced by the order in which it first appeared, and
@@ -148,13 +161,29 @@ fn normalize(answers: &[u8]) -> String {
             out.push_str("VERSION <v>\r\n");
             continue;
         }
-        let w: Vec<&str> = line.trim_end_matches("\r\n").split(' ').collect();
-        if w.len() == 5 && w[0] == "VALUE" {
-            let i = seen.iter().position(|c| c == w[4]).unwrap_or_else(|| {
-                seen.push(w[4].to_string());
+        let mut index = |cas: &str| {
+            let i = seen.iter().position(|c| c == cas).unwrap_or_else(|| {
+                seen.push(cas.to_string());
                 seen.len() - 1
             });
-            out.push_str(&format!("VALUE {} {} {} <cas{i}>\r\n", w[1], w[2], w[3]));
+            format!("<cas{i}>")
+        };
+        let w: Vec<&str> = line.trim_end_matches("\r\n").split(' ').collect();
+        if w.len() == 5 && w[0] == "VALUE" {
+            out.push_str(&format!("VALUE {} {} {} {}\r\n", w[1], w[2], w[3], index(w[4])));
+            continue;
+        }
+        if is_meta(w[0]) && line.ends_with("\r\n") {
+            let t: Vec<String> =
+                w.iter().map(|t| meta_cas(t).map_or(t.to_string(), |n| format!("c{}", index(n)))).collect();
+            out.push_str(&t.join(" "));
+            out.push_str("\r\n");
+            continue;
+        }
+        if w[0] == "ME" && w.len() == 8 {
+            // Slab class and item size are memcached's own; the rest must agree.
+            let cas = w[4].strip_prefix("cas=").map_or("?".to_string(), &mut index);
+            out.push_str(&format!("ME {} {} {} cas={cas} {} <internals>\r\n", w[1], w[2], w[3], w[5]));
             continue;
         }
         out.push_str(line);
@@ -314,6 +343,78 @@ fn corpus() -> Vec<(&'static str, Vec<Step>, bool)> {
             false,
         ),
         ("a pipeline of 120 sets and a get of 130 keys", vec![Step::Send(format!("{many}get{many_get}\r\n").into_bytes())], false),
+        (
+            "meta: mg and ms, values and flags",
+            vec![send(concat!(
+                "ms a 2\r\nhi\r\nmg a v\r\nmg a s v f t\r\nmg b v\r\nmg b v q\r\nmg b k O123\r\nmg a k v O123 s\r\n",
+                "ms a 2 F5 T100\r\nhi\r\nmg a f t s\r\nms a 2 T-1\r\nhi\r\nmg a v\r\nms e 0\r\n\r\nmg e v s\r\n",
+                "ms a 2 q\r\nhi\r\nms a 2 q O9 k\r\nhi\r\nmg a\r\nmg a q\r\nget a\r\n",
+            ))],
+            false,
+        ),
+        (
+            "meta: ms modes and cas",
+            vec![
+                send(concat!(
+                    "ms a 1 ME\r\n1\r\nms a 1 ME\r\n2\r\nms b 1 MR\r\n1\r\nms a 1 MR\r\n3\r\n",
+                    "ms a 1 MA\r\nx\r\nms a 1 MP\r\ny\r\nms c 1 MA\r\nz\r\nms c 1 MP\r\nz\r\nmg a v\r\n",
+                    "ms a 1 MX\r\nq\r\nms a 1 Mxx\r\nq\r\nms a 1 MS F3\r\nw\r\nmg a v f\r\n",
+                )),
+                send("ms k 1 c\r\n1\r\n"),
+                send("ms k 1 C{cas}\r\n2\r\nms k 1 C{cas} c\r\n3\r\nms nope 1 C1\r\nx\r\nmg k v\r\n"),
+                send("ms k 1 c\r\n4\r\n"),
+                send("ms k 1 MA C{cas}\r\n5\r\nms k 1 MA C1\r\n6\r\nms k 1 ME C1\r\n7\r\nms k 1 MR C{cas}\r\n8\r\nmg k v\r\n"),
+            ],
+            false,
+        ),
+        (
+            "meta: md and ma",
+            vec![
+                send(concat!(
+                    "ms a 1\r\n1\r\nmd a\r\nmd a\r\nmd a q\r\nms a 1\r\n1\r\nmd a q O5 k\r\nmg a v\r\n",
+                    "ms a 1\r\n1\r\nmd a C1\r\nmd a O77 k\r\nmd a zz\r\nmd a q q\r\n",
+                    "ma n\r\nma n q\r\nma n N0 J5\r\nma n\r\nma n v\r\nma n MD D3 v\r\nma n M- D100 v\r\n",
+                    "ma n MI D2 v t\r\nma n M+ q\r\nmg n v\r\nms x 3\r\nabc\r\nma x\r\nma n Mz\r\nma n D-1\r\nma n J\r\n",
+                    "ma n O1 k\r\nma zz O1 k\r\nma n C1\r\nma new N100 J7 v t\r\n",
+                )),
+                send("ms m 2 c\r\n10\r\n"),
+                send("ma m C{cas} v\r\nma m C{cas} v\r\nmd m C{cas}\r\n"),
+            ],
+            false,
+        ),
+        (
+            "meta: stale-while-revalidate, win tokens, vivify, recache",
+            vec![
+                send("ms a 2 T100 c\r\nhi\r\n"),
+                send("md a I T30\r\nmg a v t\r\nmg a v\r\nmg a s\r\n"),
+                send("ms a 3 C{cas} I\r\nold\r\nmg a v\r\nmg a c\r\n"),
+                send("ms a 3 C{cas} I\r\nnew\r\nmg a v\r\n"),
+                send("mg v N30 v t\r\nmg v N30 v\r\nmg v v c\r\n"),
+                send("ms v 1 C{cas}\r\nx\r\nmg v v\r\n"),
+                send("ms r 1 T10\r\nx\r\nmg r R30 v\r\nmg r R30 v\r\nmg r R5 v\r\nms s 1 T100\r\nx\r\nmg s R30 v\r\n"),
+                send("ms t 1\r\nx\r\nmg t T100 t\r\nmg t t\r\nmg t T-1 v\r\nmg t v\r\n"),
+            ],
+            false,
+        ),
+        (
+            "meta: fetched, last access, me, base64 keys",
+            vec![send(concat!(
+                "ms a 1\r\nx\r\nmg a h l\r\nmg a h l\r\nms b 1\r\nx\r\nmg b u h\r\nmg b h\r\nms c 1\r\nx\r\nget c\r\nmg c h\r\n",
+                "ms d 1 T100\r\nx\r\nme d\r\nmg d v\r\nme d\r\nme nope\r\nme\r\n",
+                "ms Zm9v 3 b\r\nbar\r\nmg Zm9v b v k\r\nget foo\r\nmg !!! b v\r\nme Zm9v b\r\nmd Zm9v b k\r\nget foo\r\n",
+            ))],
+            false,
+        ),
+        (
+            "meta: malformed commands",
+            vec![send(concat!(
+                "mg\r\nmx a\r\nmgg a\r\nmg a zz\r\nmg a v v\r\nmg a O1234567890123456789012345678901234\r\n",
+                "ms a\r\nms a x\r\nms a -1\r\nms a 1 Q\r\nx\r\nms a 1 T\r\nx\r\nms a 1 F-1\r\nx\r\n",
+                "mg a s s s s s s s s s s s s s s s s s s\r\nmg a v\r\nms a 2\r\nabcd\r\nmg a v\r\n",
+                "ms a 1 O1234567890123456789012345678901234\r\nx\r\nmd\r\nma\r\nma a MI MD\r\n",
+            ))],
+            false,
+        ),
         ("quit closes the connection", vec![send("set a 0 0 1\r\nx\r\nget a\r\nquit\r\nget a\r\n")], true),
         ("a command line too long closes the connection", vec![Step::Send(long_line.into_bytes())], true),
         ("an HTTP request closes the connection", vec![send("GET / HTTP/1.1\r\n")], true),

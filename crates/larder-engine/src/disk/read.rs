@@ -128,6 +128,7 @@ impl Disk {
             stored_ms: h.stored_ms,
             expiry_ms: h.expiry_ms,
             flags: meta.flags,
+            stale: meta.stale,
             tier: Tier::Disk,
         })
     }
@@ -360,6 +361,7 @@ fn part_of(loc: Loc, h: &Header, data: Bytes, (start, len, crc): (u64, u64, u32)
         crc,
         content_type: meta.content_type.map(Bytes::copy_from_slice),
         flags: meta.flags,
+        stale: meta.stale,
         position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
         stored_ms: h.stored_ms,
         expiry_ms: h.expiry_ms,

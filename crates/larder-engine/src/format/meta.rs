@@ -22,6 +22,8 @@ pub const TAG_LARGE: u8 = 3;
 pub const TAG_CHUNK: u8 = 4;
 /// Entry tag: client flags (u32; memcached's item flags), written only when not zero.
 pub const TAG_FLAGS: u8 = 5;
+/// Entry tag: memcached's stale mark (no body).
+pub const TAG_STALE: u8 = 6;
 /// Longest content type stored, in bytes.
 pub const MAX_CONTENT_TYPE: usize = 1024;
 /// Values longer than this carry block checksums; shorter ones are read whole.
@@ -41,6 +43,8 @@ pub struct Meta<'a> {
     pub large: Option<(u64, u32)>,
     /// Client flags (0 when none were stored).
     pub flags: u32,
+    /// memcached's stale mark.
+    pub stale: bool,
 }
 
 impl<'a> Meta<'a> {
@@ -56,6 +60,7 @@ impl<'a> Meta<'a> {
                 TAG_CONTENT_TYPE => m.content_type = Some(body),
                 TAG_BLOCKS if !body.is_empty() && (body.len() - 1) % 4 == 0 => m.blocks = Some((body[0], &body[1..])),
                 TAG_FLAGS if body.len() == 4 => m.flags = (&body[..]).get_u32_le(),
+                TAG_STALE => m.stale = true,
                 TAG_LARGE if body.len() == 12 => {
                     let mut b = body;
                     m.large = Some((b.get_u64_le(), b.get_u32_le()));
@@ -163,12 +168,17 @@ pub fn encode(out: &mut Vec<u8>, content_type: Option<&[u8]>, blocks: Option<&(u
     }
 }
 
-/// Appends the client flags entry, unless `flags` is 0 (what a value without one reads as).
-pub fn encode_flags(out: &mut Vec<u8>, flags: u32) {
+/// Appends the client flags entry, unless `flags` is 0 (what a value without one reads as),
+/// and the stale mark if `stale`.
+pub fn encode_flags(out: &mut Vec<u8>, flags: u32, stale: bool) {
     if flags != 0 {
         out.put_u8(TAG_FLAGS);
         out.put_u16_le(4);
         out.put_u32_le(flags);
+    }
+    if stale {
+        out.put_u8(TAG_STALE);
+        out.put_u16_le(0);
     }
 }
 

@@ -40,6 +40,7 @@ pub(crate) struct Cached {
     pub crc: u32,
     pub content_type: Option<Bytes>,
     pub flags: u32,
+    pub stale: bool,
 }
 
 /// What [`Memory::reconcile`] did.

@@ -16,6 +16,7 @@ pub struct ValueWriter<'s> {
     key: Vec<u8>,
     expiry: Expiry,
     flags: u32,
+    stale: bool,
     content_type: Option<Vec<u8>>,
     preconditions: Vec<Precondition>,
     /// Bytes not yet in a chunk record: at most one chunk's worth.
@@ -37,6 +38,7 @@ impl Store {
             key: key.to_vec(),
             expiry: opts.expiry,
             flags: opts.flags,
+            stale: opts.stale,
             content_type: opts.content_type.map(<[u8]>::to_vec),
             preconditions: opts.preconditions.to_vec(),
             pending: Vec::new(),
@@ -92,6 +94,7 @@ impl ValueWriter<'_> {
         let opts = PutOptions {
             expiry: self.expiry,
             flags: self.flags,
+            stale: self.stale,
             content_type: self.content_type.as_deref(),
             preconditions: &self.preconditions,
             nonblocking: false,

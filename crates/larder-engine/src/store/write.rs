@@ -204,7 +204,7 @@ impl Store {
         let (value_crc, blocks) = meta::checksum_parts(value);
         let mut meta = Vec::new();
         meta::encode(&mut meta, opts.content_type, blocks.as_ref());
-        meta::encode_flags(&mut meta, opts.flags);
+        meta::encode_flags(&mut meta, opts.flags, opts.stale);
         let p = Prepared { value, value_crc, meta, flags: 0, len: total_len, crc: value_crc, chunks: &[] };
         self.commit(key, hash, p, opts, wait)
     }
@@ -220,7 +220,7 @@ impl Store {
         let table = large::encode(&up.chunks);
         let mut meta = Vec::new();
         meta::encode(&mut meta, opts.content_type, None);
-        meta::encode_flags(&mut meta, opts.flags);
+        meta::encode_flags(&mut meta, opts.flags, opts.stale);
         meta::encode_large(&mut meta, up.len, up.crc);
         let p = Prepared {
             value: &[&table],
@@ -267,6 +267,7 @@ impl Store {
                 crc: value_crc,
                 content_type: opts.content_type.map(Bytes::copy_from_slice),
                 flags: opts.flags,
+                stale: opts.stale,
             });
         let mut header = new_header(flags);
         let looked = !opts.preconditions.is_empty();
@@ -288,7 +289,7 @@ impl Store {
             header.stored_ms = w.stamp();
             // By the clock, which expiry is checked against, not by the stamp: the stamp runs
             // ahead of the clock after it stepped back.
-            header.expiry_ms = opts.expiry.at(now_ms());
+            header.expiry_ms = opts.expiry.at_ms(now_ms());
             let rec = Append { header, key, meta: &meta_block, value, value_crc };
             let Some((pos, loc)) = sh.append(&mut w, wait, &rec)? else {
                 return Ok(None);
@@ -463,7 +464,7 @@ impl Store {
                 continue;
             }
             let mut header = rec.header;
-            header.expiry_ms = expiry.at(now);
+            header.expiry_ms = expiry.at_ms(now);
             let value = [rec.value()];
             let app = Append { header, key, meta: rec.meta(), value: &value, value_crc: rec.value_crc };
             let (pos, new) = sh.append(&mut w, true, &app)?.expect("an append that may wait completes");
@@ -507,6 +508,7 @@ impl Store {
         let opts = PutOptions {
             expiry,
             flags: c.flags,
+            stale: c.stale,
             content_type: c.content_type.as_deref(),
             preconditions: &[Precondition::StoredAt(c.stored_ms)],
             nonblocking: false,

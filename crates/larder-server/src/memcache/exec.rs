@@ -132,7 +132,7 @@ impl Counters {
 
 /// memcached's expiry time (0 never; up to 30 days, seconds from now; beyond, a Unix time;
 /// negative, expired at once) as the store's.
-fn expiry(exptime: i64) -> Expiry {
+pub(super) fn expiry(exptime: i64) -> Expiry {
     match exptime {
         0 => Expiry::Never,
         t if t < 0 => Expiry::After(Duration::ZERO),
@@ -142,7 +142,7 @@ fn expiry(exptime: i64) -> Expiry {
 }
 
 /// An engine failure as memcached's `SERVER_ERROR` line (one line, whatever the message).
-fn server_error(e: &larder_engine::Error) -> String {
+pub(super) fn server_error(e: &larder_engine::Error) -> String {
     let msg: String = e.to_string().chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
     format!("SERVER_ERROR {msg}\r\n")
 }
@@ -287,6 +287,7 @@ async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
             m.count(command_index(b"quit"), Outcome::Ok);
             Err(End::Closed)
         }
+        Command::Meta { cmd, words } => super::meta::run(c, store, cmd, &words).await,
         Command::MetaNoop => {
             m.count(command_index(b"mn"), Outcome::Ok);
             c.out.extend_from_slice(b"MN\r\n");
@@ -318,7 +319,7 @@ fn reply(c: &mut Conn, command: usize, a: Answer, noreply: bool) {
 }
 
 /// Reads past `n` bytes of a data block that will not be stored.
-async fn swallow(c: &mut Conn, mut n: u64) -> Result<(), End> {
+pub(super) async fn swallow(c: &mut Conn, mut n: u64) -> Result<(), End> {
     loop {
         let take = (c.input.len() as u64).min(n) as usize;
         let _ = c.input.split_to(take);
@@ -369,6 +370,7 @@ async fn get(c: &mut Conn, store: &Store, keys: &[&[u8]], cas: bool, touch: Opti
             continue;
         };
         c.app.memcache.count(command, Outcome::Hit);
+        c.app.memcache_items.fetched(key, found.value().stored_ms);
         value_line(&mut c.out, key, found.value(), cas);
         match found {
             Read::Value(v) => c.out.extend_from_slice(&v.data),
@@ -395,7 +397,7 @@ fn value_line(out: &mut Vec<u8>, key: &[u8], v: &Value, cas: bool) {
 /// Sends a value longer than a chunk piece by piece, each verified before it goes, within
 /// the body budget (two pieces). A piece that fails closes the connection: the client never
 /// takes a short or wrong value for a whole one.
-async fn stream_value(c: &mut Conn, store: &Store, mut r: larder_engine::ValueReader) -> Result<(), End> {
+pub(super) async fn stream_value(c: &mut Conn, store: &Store, mut r: larder_engine::ValueReader) -> Result<(), End> {
     let len = r.value().len;
     let room = c.app.body_budget.reserve_exact(len.min(2 * store.config().chunk_size)).await;
     loop {
@@ -490,18 +492,19 @@ async fn store_cmd(
 }
 
 /// What a storage command writes, owned so that it can move to the blocking pool.
-struct Put {
-    key: Vec<u8>,
-    flags: u32,
-    expiry: Expiry,
-    preconditions: Vec<Precondition>,
+pub(super) struct Put {
+    pub key: Vec<u8>,
+    pub flags: u32,
+    pub expiry: Expiry,
+    pub preconditions: Vec<Precondition>,
 }
 
 impl Put {
-    fn options(&self) -> PutOptions<'_> {
+    pub fn options(&self) -> PutOptions<'_> {
         PutOptions {
             expiry: self.expiry,
             flags: self.flags,
+            stale: false,
             content_type: None,
             preconditions: &self.preconditions,
             nonblocking: false,
@@ -523,7 +526,7 @@ async fn put_value(c: &Conn, put: Put, data: Bytes) -> larder_engine::Result<()>
 
 /// A data block longer than a chunk, written to disk as it arrives (as an HTTP upload is):
 /// `Ok(None)` when it does not end with `\r\n`, and then nothing is stored.
-async fn put_streamed(c: &mut Conn, put: Put, len: u64) -> Result<Option<larder_engine::Result<()>>, End> {
+pub(super) async fn put_streamed(c: &mut Conn, put: Put, len: u64) -> Result<Option<larder_engine::Result<()>>, End> {
     let app = c.app.clone();
     let chunk = app.store.get().expect("ready").config().chunk_size;
     let _turn = app.uploads.acquire().await.expect("the uploads' semaphore is never closed");
@@ -593,6 +596,7 @@ async fn concat(c: &Conn, put: Put, data: Bytes, append: bool) -> larder_engine:
         let opts = PutOptions {
             expiry: Expiry::of(v.expiry_ms),
             flags: v.flags,
+            stale: false,
             content_type: v.content_type.as_deref(),
             preconditions: &cond,
             nonblocking: false,
@@ -636,6 +640,7 @@ async fn arith(c: &Conn, key: &[u8], incr: bool, delta: u64) -> Answer {
         let opts = PutOptions {
             expiry: Expiry::of(v.expiry_ms),
             flags: v.flags,
+            stale: false,
             content_type: v.content_type.as_deref(),
             preconditions: &cond,
             nonblocking: false,

@@ -7,6 +7,7 @@
 //!   write, data blocks read or streamed, idle timeout, the stop) and the connection limit.
 
 mod exec;
+mod meta;
 pub mod text;
 
 use crate::app::App;
@@ -22,6 +23,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 
 pub use exec::Counters;
+pub use meta::Items;
 
 /// Answers are written once this much has gathered, even with more commands waiting: a
 /// pipelined batch of large gets holds no more than this.

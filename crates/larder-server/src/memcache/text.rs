@@ -73,6 +73,11 @@ pub enum Command<'a> {
     Quit,
     /// `mn`: the end of a batch of meta commands.
     MetaNoop,
+    /// A meta command (`mg`, `ms`, `md`, `ma`, `me`: the letter after `m`) and its words.
+    Meta {
+        cmd: u8,
+        words: Vec<&'a [u8]>,
+    },
 }
 
 /// What a command line asks for.
@@ -284,6 +289,10 @@ pub fn parse(line: &[u8]) -> Parsed<'_> {
         },
         b"stats" => Parsed::Command(Command::Stats(words[1..].to_vec())),
         b"mn" => Parsed::Command(Command::MetaNoop),
+        [b'm', c @ (b'g' | b's' | b'd' | b'a' | b'e')] => {
+            Parsed::Command(Command::Meta { cmd: *c, words: words.clone() })
+        }
+        [b'm', _] => err(ERROR),
         _ if words.last().is_some_and(|w| w.starts_with(b"HTTP/")) => Parsed::Close,
         _ => err(ERROR),
     };
