@@ -80,6 +80,20 @@ fn pymemcache_works_unchanged_and_shares_the_http_namespace() {
 }
 
 #[test]
+fn dalli_works_unchanged_over_the_binary_protocol() {
+    let s = server(&["--volume-size", "64MiB", "--volume-count", "8"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/dalli_client.rb");
+    let out = Command::new("ruby")
+        .args([script, &s.memcache.unwrap().to_string(), &s.addr.to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ruby (scripts/install-bench-deps.sh installs ruby and ruby-dalli)");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("all checks passed"), "{said}");
+}
+
+#[test]
 fn memccp_and_memccat_copy_files_in_and_out_byte_for_byte() {
     let s = server(&[]);
     let servers = format!("--servers={}", s.memcache.unwrap());
@@ -129,10 +143,14 @@ fn malformed_input_answers_memcached_errors_and_loses_nothing() {
         assert_eq!(got, want, "after {:?}", String::from_utf8_lossy(&input[..input.len().min(40)]));
     }
     assert_eq!(s.client().get("/keep").body, b"safe");
-    // The binary protocol is refused with a line that says so, and the connection closed.
+    // A binary request whose lengths do not add up is answered "Invalid arguments", and a
+    // byte that is no request magic closes the connection.
     let mut b = Mc::connect(&s);
-    let got = b.ask(&[0x80, 0x0b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "\r\n");
-    assert!(got.starts_with("SERVER_ERROR the binary protocol is not supported"), "{got}");
+    let mut bad = vec![0x80, 0x00, 0, 9, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    bad.extend_from_slice(b"abcd");
+    let got = b.ask_bytes(&bad, "Invalid arguments");
+    assert_eq!(&got[..8], &[0x81, 0x00, 0, 0, 0, 0, 0, 0x04]);
+    b.0.write_all(b"get keep\r\nget keep\r\nget keep\r\n").unwrap(); // a header's worth
     assert!(b.closed());
     // A line that never ends closes the connection, as memcached does; others go on.
     let mut l = Mc::connect(&s);

@@ -442,3 +442,160 @@ fn the_text_protocol_answers_as_memcached_does() {
     }
     assert!(diffs.is_empty(), "{} of the corpus's cases differ:\n{}", diffs.len(), diffs.join("\n"));
 }
+
+/// A binary request of a case: opcode, extras, key, value, cas.
+type Request = (u8, Vec<u8>, &'static [u8], &'static [u8], u64);
+
+/// A binary request: opcode, extras, key, value, cas; the opaque is the request's number.
+fn packet(opcode: u8, extras: &[u8], key: &[u8], value: &[u8], cas: u64, opaque: u32) -> Vec<u8> {
+    let mut p = vec![0x80, opcode];
+    p.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    p.push(extras.len() as u8);
+    p.extend_from_slice(&[0, 0, 0]);
+    p.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
+    p.extend_from_slice(&opaque.to_be_bytes());
+    p.extend_from_slice(&cas.to_be_bytes());
+    p.extend_from_slice(extras);
+    p.extend_from_slice(key);
+    p.extend_from_slice(value);
+    p
+}
+
+/// Sends a binary case (then a noop) and returns its answers, one line per packet with its
+/// cas replaced by the order in which it first appeared (0 stays 0), and the version's text
+/// by a placeholder.
+fn run_binary(addr: SocketAddr, requests: &[Request], closes: bool) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut all = packet(0x08, &[], b"", b"", 0, 0); // flush
+    for (i, (op, extras, key, value, cas)) in requests.iter().enumerate() {
+        all.extend(packet(*op, extras, key, value, *cas, i as u32 + 1));
+    }
+    if !closes {
+        all.extend(packet(0x0a, &[], b"", b"", 0, u32::MAX));
+    }
+    s.write_all(&all).unwrap();
+    let mut got = Vec::new();
+    let mut seen: Vec<u64> = Vec::new();
+    let mut lines = Vec::new();
+    loop {
+        while got.len() >= 24 {
+            let body = u32::from_be_bytes(got[8..12].try_into().unwrap()) as usize;
+            if got.len() < 24 + body {
+                break;
+            }
+            let p: Vec<u8> = got.drain(..24 + body).collect();
+            let opaque = u32::from_be_bytes(p[12..16].try_into().unwrap());
+            if opaque == u32::MAX {
+                return lines.join("\n");
+            }
+            let cas = u64::from_be_bytes(p[16..24].try_into().unwrap());
+            let cas = if cas == 0 {
+                "0".to_string()
+            } else {
+                let i = seen.iter().position(|&c| c == cas).unwrap_or_else(|| {
+                    seen.push(cas);
+                    seen.len() - 1
+                });
+                format!("<cas{i}>")
+            };
+            let (key_len, extras) = (u16::from_be_bytes([p[2], p[3]]) as usize, p[4] as usize);
+            let status = u16::from_be_bytes([p[6], p[7]]);
+            let mut body = String::from_utf8_lossy(&p[24..]).into_owned();
+            if p[1] == 0x0b {
+                body = "<version>".into();
+            }
+            lines.push(format!(
+                "op {:#04x} #{opaque} status {status:#06x} extras {extras} key {key_len} cas {cas} body {body:?}",
+                p[1]
+            ));
+        }
+        let mut buf = [0u8; 65536];
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => {
+                lines.push("<closed>".into());
+                return lines.join("\n");
+            }
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[test]
+fn the_binary_protocol_answers_as_memcached_does() {
+    let memcached = Memcached::start();
+    let larder = Server::start(&["--memcache-listen", "127.0.0.1:0", "--max-value-size", "1MiB"]);
+    let ours = larder.memcache.expect("memcached address");
+    let set = |flags: u32, exp: u32| [flags.to_be_bytes(), exp.to_be_bytes()].concat();
+    let delta =
+        |d: u64, initial: u64, exp: u32| [&d.to_be_bytes()[..], &initial.to_be_bytes(), &exp.to_be_bytes()].concat();
+    let none = Vec::new();
+    let requests: Vec<Request> = vec![
+        (0x01, set(5, 0), b"a", b"hi", 0),
+        (0x00, none.clone(), b"a", b"", 0),
+        (0x0c, none.clone(), b"a", b"", 0),
+        (0x00, none.clone(), b"missing", b"", 0),
+        (0x0c, none.clone(), b"missing", b"", 0),
+        (0x09, none.clone(), b"missing", b"", 0),
+        (0x0d, none.clone(), b"a", b"", 0),
+        (0x02, set(0, 0), b"a", b"x", 0),
+        (0x02, set(0, 0), b"b", b"bee", 0),
+        (0x03, set(0, 0), b"c", b"x", 0),
+        (0x03, set(7, 0), b"b", b"bb", 0),
+        (0x0e, none.clone(), b"a", b"!", 0),
+        (0x0f, none.clone(), b"a", b"<", 0),
+        (0x0e, none.clone(), b"nope", b"!", 0),
+        (0x00, none.clone(), b"a", b"", 0),
+        (0x01, set(0, 0), b"a", b"z", 12345),
+        (0x01, set(0, 0), b"nope", b"z", 12345),
+        (0x04, none.clone(), b"a", b"", 0),
+        (0x04, none.clone(), b"a", b"", 0),
+        (0x05, delta(5, 10, 0), b"n", b"", 0),
+        (0x05, delta(5, 10, 0), b"n", b"", 0),
+        (0x06, delta(20, 0, 0), b"n", b"", 0),
+        (0x05, delta(1, 0, u32::MAX), b"nothing", b"", 0),
+        (0x05, delta(1, 0, 0), b"b", b"", 0),
+        (0x11, set(0, 0), b"q", b"quiet", 0),
+        (0x12, set(0, 0), b"q", b"again", 0),
+        (0x13, set(0, 0), b"nope", b"x", 0),
+        (0x14, none.clone(), b"nope", b"", 0),
+        (0x15, delta(1, 0, 0), b"n", b"", 0),
+        (0x00, none.clone(), b"q", b"", 0),
+        (0x1c, 100u32.to_be_bytes().to_vec(), b"b", b"", 0),
+        (0x1c, 100u32.to_be_bytes().to_vec(), b"nope", b"", 0),
+        (0x1d, 100u32.to_be_bytes().to_vec(), b"b", b"", 0),
+        (0x23, 100u32.to_be_bytes().to_vec(), b"b", b"", 0),
+        (0x1e, 100u32.to_be_bytes().to_vec(), b"nope", b"", 0),
+        (0x01, set(0, 0xffff_ffff), b"expired", b"x", 0),
+        (0x00, none.clone(), b"expired", b"", 0),
+        (0x0b, none.clone(), b"", b"", 0),
+        (0x0a, none.clone(), b"", b"", 0),
+        (0x08, none.clone(), b"", b"", 0),
+        (0x00, none.clone(), b"b", b"", 0),
+    ];
+    // An opcode neither knows.
+    let unknown: Vec<Request> = vec![(0x30, none.clone(), b"", b"", 0)];
+    // A request whose extras do not fit its command is answered "Invalid arguments", and
+    // the connection closed.
+    let invalid: Vec<Request> =
+        vec![(0x01, set(1, 0), b"ok", b"1", 0), (0x00, set(0, 0), b"a", b"", 0), (0x00, none.clone(), b"ok", b"", 0)];
+    let invalid_set: Vec<Request> = vec![(0x01, none.clone(), b"a", b"x", 0)];
+    let cases = [(requests, false), (unknown, false), (invalid, true), (invalid_set, true)];
+    let theirs: Vec<String> = cases.iter().map(|(r, closes)| run_binary(memcached.addr, r, *closes)).collect();
+    let mine: Vec<String> = cases.iter().map(|(r, closes)| run_binary(ours, r, *closes)).collect();
+    let (theirs, mine) = (theirs.join("\n--\n"), mine.join("\n--\n"));
+    if theirs != mine {
+        let diff: Vec<String> = theirs
+            .lines()
+            .zip(mine.lines())
+            .filter(|(a, b)| a != b)
+            .map(|(a, b)| format!("memcached: {a}\nlarder:    {b}"))
+            .collect();
+        panic!(
+            "binary answers differ ({} vs {} packets):\n{}",
+            theirs.lines().count(),
+            mine.lines().count(),
+            diff.join("\n")
+        );
+    }
+}

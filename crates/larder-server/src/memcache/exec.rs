@@ -163,11 +163,8 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
             if first && !c.input.is_empty() {
                 first = false;
                 if c.input[0] == 0x80 {
-                    // memcached's binary protocol, deprecated upstream: refused.
-                    c.out.extend_from_slice(
-                        b"SERVER_ERROR the binary protocol is not supported; use the text protocol\r\n",
-                    );
-                    return Err(End::Closed);
+                    // The binary protocol's request magic: this connection speaks it.
+                    return super::binary::session(c).await;
                 }
             }
             let Some(nl) = c.input.iter().position(|&b| b == b'\n') else {
@@ -681,7 +678,7 @@ fn settings(c: &Conn, store: &Store) -> String {
 /// `stats`: memcached's general statistics, under its field names, from the store and this
 /// listener's counters. `stats reset` and the detail groups larder has no counterpart for
 /// answer as memcached's do when empty.
-async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
+pub(super) async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
     let m = &c.app.memcache;
     m.count(command_index(b"stats"), Outcome::Ok);
     match args.first().copied() {

@@ -6,6 +6,7 @@
 //! - this file: the listener, each connection's loop (pipelined commands answered in one
 //!   write, data blocks read or streamed, idle timeout, the stop) and the connection limit.
 
+mod binary;
 mod exec;
 mod meta;
 pub mod text;

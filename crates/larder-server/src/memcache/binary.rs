@@ -1,0 +1,405 @@
+//! memcached's binary protocol, for the clients that speak only it (Debian's Ruby Dalli 3.0,
+//! libmemcached's tools with `--binary`). Deprecated upstream, but still what those clients
+//! send. A connection is binary when its first byte is the request magic (0x80), as
+//! memcached's auto-negotiation decides.
+//!
+//! Each request is a 24-byte header (magic, opcode, key length, extras length, data type,
+//! vbucket, body length, opaque, cas; big-endian) and a body of extras, key and value. Every
+//! answer echoes the opcode and opaque. Quiet variants answer only failures (and a quiet get
+//! not even a miss); `noop` flushes the answers of a batch of them.
+
+use super::exec::{expiry, server_error, stream_value};
+use super::text::KEY_MAX;
+use super::{Conn, End};
+use crate::api::{blocking, read_body_of, Read};
+use bytes::{Buf, BufMut};
+use larder_engine::{DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store};
+use std::time::Duration;
+
+const REQUEST: u8 = 0x80;
+const RESPONSE: u8 = 0x81;
+const HEADER: usize = 24;
+
+// Statuses, and memcached's text for each.
+const OK: u16 = 0x00;
+const NOT_FOUND: u16 = 0x01;
+const EXISTS: u16 = 0x02;
+const TOO_LARGE: u16 = 0x03;
+const INVALID: u16 = 0x04;
+const NOT_STORED: u16 = 0x05;
+const NON_NUMERIC: u16 = 0x06;
+const UNKNOWN: u16 = 0x81;
+const SERVER: u16 = 0x84;
+
+fn status_text(status: u16) -> &'static [u8] {
+    match status {
+        NOT_FOUND => b"Not found",
+        EXISTS => b"Data exists for key.",
+        TOO_LARGE => b"Too large.",
+        INVALID => b"Invalid arguments",
+        NOT_STORED => b"Not stored.",
+        NON_NUMERIC => b"Non-numeric server-side value for incr or decr",
+        UNKNOWN => b"Unknown command",
+        _ => b"Internal error",
+    }
+}
+
+/// A request's header fields.
+#[derive(Clone, Copy)]
+struct Header {
+    opcode: u8,
+    key_len: usize,
+    extras_len: usize,
+    opaque: u32,
+    cas: u64,
+}
+
+/// Appends an answer: header, extras, key, value.
+fn answer(out: &mut Vec<u8>, h: &Header, status: u16, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
+    answer_head(out, h, status, cas, extras.len(), key.len(), value.len());
+    out.extend_from_slice(extras);
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn answer_head(out: &mut Vec<u8>, h: &Header, status: u16, cas: u64, extras: usize, key: usize, value: usize) {
+    out.put_u8(RESPONSE);
+    out.put_u8(h.opcode);
+    out.put_u16(key as u16);
+    out.put_u8(extras as u8);
+    out.put_u8(0);
+    out.put_u16(status);
+    out.put_u32((extras + key + value) as u32);
+    out.put_u32(h.opaque);
+    out.put_u64(cas);
+}
+
+fn error(out: &mut Vec<u8>, h: &Header, status: u16) {
+    answer(out, h, status, 0, &[], &[], status_text(status));
+}
+
+/// memcached's binary expiration: unsigned, else read as the text protocol reads one
+/// (0 never, up to 30 days relative, beyond a Unix time).
+fn exptime(e: u32) -> Expiry {
+    expiry(e as i64)
+}
+
+/// A request whose parts do not fit its command: memcached answers "Invalid arguments" and
+/// closes the connection.
+fn invalid(c: &mut Conn, h: &Header) -> Result<bool, End> {
+    error(&mut c.out, h, INVALID);
+    Ok(true)
+}
+
+/// Reads and answers binary requests until the connection ends.
+pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
+    loop {
+        while c.input.len() >= HEADER {
+            let mut b = &c.input[..HEADER];
+            if b.get_u8() != REQUEST {
+                return Err(End::Closed); // memcached closes a connection that stops making sense
+            }
+            let opcode = b.get_u8();
+            let key_len = b.get_u16() as usize;
+            let extras_len = b.get_u8() as usize;
+            let _data_type = b.get_u8();
+            let _vbucket = b.get_u16();
+            let body_len = b.get_u32() as usize;
+            let opaque = b.get_u32();
+            let cas = b.get_u64();
+            let h = Header { opcode, key_len, extras_len, opaque, cas };
+            let app = c.app.clone();
+            let Some(store) = app.store.get() else {
+                c.want(HEADER + body_len).await?;
+                let _ = c.input.split_to(HEADER + body_len);
+                error(&mut c.out, &h, SERVER);
+                continue;
+            };
+            // Larger than a chunk is for HTTP and the text protocol, which stream.
+            let most = store.config().chunk_size.min(store.config().max_value_size) as usize;
+            if key_len + extras_len > body_len || body_len > most + KEY_MAX + 64 {
+                super::exec::swallow(c, (HEADER + body_len) as u64).await?;
+                error(&mut c.out, &h, if key_len + extras_len > body_len { INVALID } else { TOO_LARGE });
+                continue;
+            }
+            let room = app.body_budget.reserve(body_len as u64).await;
+            c.want(HEADER + body_len).await?;
+            let packet = c.input.split_to(HEADER + body_len).freeze();
+            let body = packet.slice(HEADER..);
+            let quit = run(c, store, &h, &body).await?;
+            drop(room);
+            if quit {
+                return Err(End::Closed);
+            }
+            c.maybe_flush().await?;
+        }
+        c.fill().await?;
+    }
+}
+
+/// Runs one request; `Ok(true)` when the connection is to close.
+async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Result<bool, End> {
+    let extras = &body[..h.extras_len];
+    let key = &body[h.extras_len..h.extras_len + h.key_len];
+    let value = body.slice(h.extras_len + h.key_len..);
+    let quiet = matches!(h.opcode, 0x09 | 0x0d | 0x11..=0x1a | 0x1e | 0x24);
+    let app = c.app.clone();
+    if key.len() > KEY_MAX {
+        error(&mut c.out, h, INVALID);
+        return Ok(false);
+    }
+    match h.opcode {
+        // get, getq, getk, getkq, gat, gatq, gatk, gatkq
+        0x00 | 0x09 | 0x0c | 0x0d | 0x1d | 0x1e | 0x23 | 0x24 => {
+            let touch = matches!(h.opcode, 0x1d | 0x1e | 0x23 | 0x24);
+            let with_key = matches!(h.opcode, 0x0c | 0x0d | 0x23 | 0x24);
+            if (touch && extras.len() != 4) || (!touch && !extras.is_empty()) || key.is_empty() || !value.is_empty() {
+                return invalid(c, h);
+            }
+            let found = match read_body_of(&app, store, key, Part::Whole).await {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!(error = %server_error(&e).trim_end(), "binary get failed");
+                    error(&mut c.out, h, SERVER);
+                    return Ok(false);
+                }
+            };
+            let found = match (found, touch) {
+                (Some(f), true) => {
+                    let (k, e) = (key.to_vec(), exptime((&extras[..]).get_u32()));
+                    match blocking(&app, move |s| s.touch(&k, e)).await {
+                        Ok(Some(v)) if v == f.value().version() => Some(f),
+                        _ => None,
+                    }
+                }
+                (f, _) => f,
+            };
+            let Some(found) = found else {
+                // A miss names its key instead of saying "Not found" when the key was asked for.
+                match (quiet, with_key) {
+                    (true, _) => {}
+                    (false, true) => answer(&mut c.out, h, NOT_FOUND, 0, &[], key, &[]),
+                    (false, false) => error(&mut c.out, h, NOT_FOUND),
+                }
+                return Ok(false);
+            };
+            let v = found.value().clone();
+            app.memcache_items.fetched(key, v.stored_ms);
+            let k: &[u8] = if with_key { key } else { &[] };
+            answer_head(&mut c.out, h, OK, v.stored_ms, 4, k.len(), v.len as usize);
+            c.out.put_u32(v.flags);
+            c.out.extend_from_slice(k);
+            match found {
+                Read::Value(v) => c.out.extend_from_slice(&v.data),
+                Read::Pieces(r) => stream_value(c, store, r).await?,
+            }
+        }
+        // set, add, replace and their quiet forms
+        0x01..=0x03 | 0x11..=0x13 => {
+            if extras.len() != 8 || key.is_empty() {
+                return invalid(c, h);
+            }
+            let mut x = extras;
+            let (flags, exp) = (x.get_u32(), exptime(x.get_u32()));
+            let op = h.opcode & 0x0f;
+            let mut preconditions = match op {
+                0x02 => vec![Precondition::Absent],
+                0x03 => vec![Precondition::Present],
+                _ => vec![],
+            };
+            if h.cas != 0 {
+                preconditions.push(Precondition::StoredAt(h.cas));
+            }
+            let k = key.to_vec();
+            let r = blocking(&app, move |s| {
+                let opts = PutOptions { expiry: exp, flags, preconditions: &preconditions, ..Default::default() };
+                s.put(&k, &value, &opts)
+            })
+            .await;
+            match r {
+                Ok(stored) if !quiet => answer(&mut c.out, h, OK, stored.version.stored_ms, &[], &[], &[]),
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::PreconditionFailed => {
+                    let present = read_body_of(&app, store, key, Part::Nothing).await.ok().flatten().is_some();
+                    let status = match (op, present) {
+                        (0x02, _) => EXISTS,
+                        (_, false) => NOT_FOUND,
+                        _ => EXISTS,
+                    };
+                    error(&mut c.out, h, status);
+                }
+                Err(e) if e.kind() == ErrorKind::TooLarge => error(&mut c.out, h, TOO_LARGE),
+                Err(_) => error(&mut c.out, h, SERVER),
+            }
+        }
+        // delete, deleteq
+        0x04 | 0x14 => {
+            if !extras.is_empty() || key.is_empty() || !value.is_empty() {
+                return invalid(c, h);
+            }
+            let (k, cas) = (key.to_vec(), h.cas);
+            let r = blocking(&app, move |s| {
+                let cond: Vec<Precondition> = if cas != 0 { vec![Precondition::StoredAt(cas)] } else { vec![] };
+                match s.delete(&k, &DeleteOptions { preconditions: &cond, ..Default::default() }) {
+                    Err(e) if e.kind() == ErrorKind::PreconditionFailed => {
+                        let present = s.get(&k, &ReadOptions { part: Part::Nothing, ..Default::default() })?.is_some();
+                        Ok(if present { EXISTS } else { NOT_FOUND })
+                    }
+                    r => r.map(|found| if found { OK } else { NOT_FOUND }),
+                }
+            })
+            .await;
+            match r {
+                Ok(OK) if quiet => {}
+                Ok(OK) => answer(&mut c.out, h, OK, 0, &[], &[], &[]),
+                Ok(status) => error(&mut c.out, h, status),
+                Err(_) => error(&mut c.out, h, SERVER),
+            }
+        }
+        // increment, decrement and their quiet forms
+        0x05 | 0x06 | 0x15 | 0x16 => {
+            if extras.len() != 20 || key.is_empty() || !value.is_empty() {
+                return invalid(c, h);
+            }
+            let mut x = extras;
+            let (delta, initial, exp) = (x.get_u64(), x.get_u64(), x.get_u32());
+            let incr = h.opcode & 0x0f == 0x05;
+            let (k, cas) = (key.to_vec(), h.cas);
+            let r = blocking(&app, move |s| loop {
+                let v = match s.get(&k, &ReadOptions::default()) {
+                    Ok(v) => v,
+                    // Longer than a chunk: no number is that long.
+                    Err(e) if e.kind() == ErrorKind::TooLarge => return Ok(Err(NON_NUMERIC)),
+                    Err(e) => return Err(e),
+                };
+                let Some(v) = v else {
+                    // Missing: created with the initial value, unless the expiration says not to.
+                    if exp == u32::MAX {
+                        return Ok(Err(NOT_FOUND));
+                    }
+                    let absent = [Precondition::Absent];
+                    let opts = PutOptions { expiry: exptime(exp), preconditions: &absent, ..Default::default() };
+                    match s.put(&k, initial.to_string().as_bytes(), &opts) {
+                        Ok(st) => return Ok(Ok((initial, st.version.stored_ms))),
+                        Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+                        Err(e) => return Err(e),
+                    }
+                };
+                if cas != 0 && cas != v.stored_ms {
+                    return Ok(Err(EXISTS));
+                }
+                let Some((n, bytes)) = super::text::apply_delta(&v.data, incr, delta) else {
+                    return Ok(Err(NON_NUMERIC));
+                };
+                let cond = [Precondition::StoredAt(v.stored_ms)];
+                let opts = PutOptions {
+                    expiry: Expiry::of(v.expiry_ms),
+                    flags: v.flags,
+                    content_type: v.content_type.as_deref(),
+                    preconditions: &cond,
+                    ..Default::default()
+                };
+                match s.put(&k, &bytes, &opts) {
+                    Ok(st) => return Ok(Ok((n, st.version.stored_ms))),
+                    Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+                    Err(e) => return Err(e),
+                }
+            })
+            .await;
+            match r {
+                Ok(Ok(_)) if quiet => {}
+                Ok(Ok((n, cas))) => answer(&mut c.out, h, OK, cas, &[], &[], &n.to_be_bytes()),
+                Ok(Err(status)) => error(&mut c.out, h, status),
+                Err(_) => error(&mut c.out, h, SERVER),
+            }
+        }
+        // quit, quitq
+        0x07 | 0x17 => {
+            if h.opcode == 0x07 {
+                answer(&mut c.out, h, OK, 0, &[], &[], &[]);
+            }
+            return Ok(true);
+        }
+        // flush, flushq
+        0x08 | 0x18 => {
+            if !(extras.is_empty() || extras.len() == 4) || !key.is_empty() || !value.is_empty() {
+                return invalid(c, h);
+            }
+            let delay = if extras.len() == 4 { (&extras[..]).get_u32() as u64 } else { 0 };
+            match blocking(&app, move |s| s.flush_all(Duration::from_secs(delay))).await {
+                Ok(()) if quiet => {}
+                Ok(()) => answer(&mut c.out, h, OK, 0, &[], &[], &[]),
+                Err(_) => error(&mut c.out, h, SERVER),
+            }
+        }
+        0x0a => answer(&mut c.out, h, OK, 0, &[], &[], &[]),
+        0x0b => answer(&mut c.out, h, OK, 0, &[], &[], format!("larder-{}", env!("CARGO_PKG_VERSION")).as_bytes()),
+        // append, prepend and their quiet forms
+        0x0e | 0x0f | 0x19 | 0x1a => {
+            if !extras.is_empty() || key.is_empty() {
+                return invalid(c, h);
+            }
+            let append = matches!(h.opcode, 0x0e | 0x19);
+            let (k, cas) = (key.to_vec(), h.cas);
+            let r = blocking(&app, move |s| loop {
+                let Some(v) = s.get(&k, &ReadOptions::default())? else { return Ok(Err(NOT_STORED)) };
+                if cas != 0 && cas != v.stored_ms {
+                    return Ok(Err(EXISTS));
+                }
+                let joined = if append { [&v.data[..], &value].concat() } else { [&value[..], &v.data[..]].concat() };
+                let cond = [Precondition::StoredAt(v.stored_ms)];
+                let opts = PutOptions {
+                    expiry: Expiry::of(v.expiry_ms),
+                    flags: v.flags,
+                    content_type: v.content_type.as_deref(),
+                    preconditions: &cond,
+                    ..Default::default()
+                };
+                match s.put(&k, &joined, &opts) {
+                    Ok(st) => return Ok(Ok(st.version.stored_ms)),
+                    Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+                    Err(e) => return Err(e),
+                }
+            })
+            .await;
+            match r {
+                Ok(Ok(_)) if quiet => {}
+                Ok(Ok(cas)) => answer(&mut c.out, h, OK, cas, &[], &[], &[]),
+                Ok(Err(status)) => error(&mut c.out, h, status),
+                Err(e) if e.kind() == ErrorKind::TooLarge => error(&mut c.out, h, TOO_LARGE),
+                Err(_) => error(&mut c.out, h, SERVER),
+            }
+        }
+        // stat: one packet per statistic, then an empty one
+        0x10 => {
+            let group: Vec<&[u8]> = if key.is_empty() { vec![] } else { vec![key] };
+            let text = super::exec::stats(c, store, &group).await;
+            for line in text.split("\r\n") {
+                let Some(rest) = line.strip_prefix("STAT ") else { continue };
+                let (name, val) = rest.split_once(' ').unwrap_or((rest, ""));
+                answer(&mut c.out, h, OK, 0, &[], name.as_bytes(), val.as_bytes());
+            }
+            answer(&mut c.out, h, OK, 0, &[], &[], &[]);
+        }
+        // touch
+        0x1c => {
+            if extras.len() != 4 || key.is_empty() || !value.is_empty() {
+                return invalid(c, h);
+            }
+            let (k, e) = (key.to_vec(), exptime((&extras[..]).get_u32()));
+            match blocking(&app, move |s| s.touch(&k, e)).await {
+                // As memcached, the item's flags come back (but not its value).
+                Ok(Some(v)) => {
+                    let flags = read_body_of(&app, store, key, Part::Nothing).await.ok().flatten();
+                    let flags = flags.map_or(0, |r| r.value().flags);
+                    answer(&mut c.out, h, OK, v.stored_ms, &flags.to_be_bytes(), &[], &[])
+                }
+                Ok(None) => error(&mut c.out, h, NOT_FOUND),
+                Err(_) => error(&mut c.out, h, SERVER),
+            }
+        }
+        _ => error(&mut c.out, h, UNKNOWN),
+    }
+    Ok(false)
+}
