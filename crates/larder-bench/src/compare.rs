@@ -61,6 +61,10 @@ pub struct CompareArgs {
     /// `--volume-count` or `--log-level`). The results' first line names them.
     #[arg(long = "larder-arg", allow_hyphen_values = true)]
     pub larder_args: Vec<String>,
+    /// Instead of the nginx suite: larder's memcached protocol next to Debian's memcached 1.6,
+    /// all in RAM, then a million keys over 64 MiB of RAM (memcached with extstore on disk).
+    #[arg(long)]
+    pub memcached: bool,
 }
 
 /// A large-value workload: `conns` connections at once, each making `per_conn` requests.
@@ -120,10 +124,10 @@ fn suite() -> Vec<Spec> {
 }
 
 /// A server under test.
-struct Server {
-    name: &'static str,
-    port: u16,
-    child: Child,
+pub(crate) struct Server {
+    pub name: &'static str,
+    pub port: u16,
+    pub child: Child,
 }
 
 impl Server {
@@ -142,7 +146,7 @@ impl Server {
     }
 
     /// Server CPU time so far (the process and its children), in µs.
-    fn cpu_us(&self) -> u64 {
+    pub fn cpu_us(&self) -> u64 {
         self.pids().iter().map(|p| proc_cpu_ticks(*p)).sum::<u64>() * 1_000_000 / clock_ticks()
     }
 }
@@ -185,7 +189,7 @@ fn proc_cpu_ticks(pid: u32) -> u64 {
         + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
 }
 
-fn wait_ready(port: u16) -> Result<()> {
+pub(crate) fn wait_ready(port: u16) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(30) {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -308,7 +312,7 @@ pub struct Row {
     cpu_us_per_request: f64,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
     if n == 0 {
@@ -394,7 +398,11 @@ pub fn run(a: CompareArgs) -> Result<()> {
     // Described before pinning: `nproc` counts only the cores this process may use.
     let machine = machine(&tmp);
     pin_current_thread(a.loader_core);
-    let result = run_in(&a, &tmp, &machine);
+    let result = if a.memcached {
+        crate::memcompare::run_in(&a, &tmp, &machine)
+    } else {
+        run_in(&a, &tmp, &machine).map(|(md, runs)| (md, serde_json::to_value(runs).unwrap_or_default()))
+    };
     let _ = std::fs::remove_dir_all(&tmp);
     let (md, runs) = result?;
     eprintln!("suite done in {:.0} s", started.elapsed().as_secs_f64());
@@ -403,6 +411,10 @@ pub fn run(a: CompareArgs) -> Result<()> {
     }
     std::fs::write(a.out.with_extension("md"), &md)?;
     std::fs::write(a.out.with_extension("json"), serde_json::to_vec_pretty(&runs)?)?;
+    if a.memcached {
+        println!("{md}");
+        return Ok(());
+    }
     println!("{md}");
     if let Some(path) = &a.update {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {path:?}"))?;

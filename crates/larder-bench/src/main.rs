@@ -13,6 +13,8 @@ mod foyer_kv;
 mod hitratio;
 mod http;
 mod large;
+mod memcache;
+mod memcompare;
 mod memory;
 mod report;
 mod workload;
@@ -38,6 +40,8 @@ enum Command {
     Hitratio(hitratio::HitRatioArgs),
     /// Start larder and nginx and run the standard suite against both, alternating.
     Compare(compare::CompareArgs),
+    /// Load a memcached-protocol server (larder's --memcache-listen, or memcached).
+    Memcache(memcache::MemcacheArgs),
 }
 
 fn main() {
@@ -48,6 +52,7 @@ fn main() {
         Command::Engine(args) => engine::run(args),
         Command::Memory(args) => memory::run(args),
         Command::Hitratio(args) => hitratio::run(args),
+        Command::Memcache(args) => memcache::run(args).map(|_| ()),
     };
     if let Err(e) = result {
         eprintln!("larder-bench: {e:#}");

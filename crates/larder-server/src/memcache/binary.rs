@@ -12,7 +12,7 @@ use super::exec::{expiry, server_error, stream_value};
 use super::text::KEY_MAX;
 use super::{Conn, End};
 use crate::api::{blocking, read_body_of, Read};
-use bytes::{Buf, BufMut};
+use bytes::{Buf, BufMut, BytesMut};
 use larder_engine::{DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store};
 use std::time::Duration;
 
@@ -55,7 +55,7 @@ struct Header {
 }
 
 /// Appends an answer: header, extras, key, value.
-fn answer(out: &mut Vec<u8>, h: &Header, status: u16, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
+fn answer(out: &mut BytesMut, h: &Header, status: u16, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
     answer_head(out, h, status, cas, extras.len(), key.len(), value.len());
     out.extend_from_slice(extras);
     out.extend_from_slice(key);
@@ -63,7 +63,7 @@ fn answer(out: &mut Vec<u8>, h: &Header, status: u16, cas: u64, extras: &[u8], k
 }
 
 #[allow(clippy::too_many_arguments)]
-fn answer_head(out: &mut Vec<u8>, h: &Header, status: u16, cas: u64, extras: usize, key: usize, value: usize) {
+fn answer_head(out: &mut BytesMut, h: &Header, status: u16, cas: u64, extras: usize, key: usize, value: usize) {
     out.put_u8(RESPONSE);
     out.put_u8(h.opcode);
     out.put_u16(key as u16);
@@ -75,7 +75,7 @@ fn answer_head(out: &mut Vec<u8>, h: &Header, status: u16, cas: u64, extras: usi
     out.put_u64(cas);
 }
 
-fn error(out: &mut Vec<u8>, h: &Header, status: u16) {
+fn error(out: &mut BytesMut, h: &Header, status: u16) {
     answer(out, h, status, 0, &[], &[], status_text(status));
 }
 
@@ -191,7 +191,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             c.out.put_u32(v.flags);
             c.out.extend_from_slice(k);
             match found {
-                Read::Value(v) => c.out.extend_from_slice(&v.data),
+                Read::Value(v) => c.out.value(v.data),
                 Read::Pieces(r) => stream_value(c, store, r).await?,
             }
         }

@@ -370,7 +370,7 @@ async fn get(c: &mut Conn, store: &Store, keys: &[&[u8]], cas: bool, touch: Opti
         c.app.memcache_items.fetched(key, found.value().stored_ms);
         value_line(&mut c.out, key, found.value(), cas);
         match found {
-            Read::Value(v) => c.out.extend_from_slice(&v.data),
+            Read::Value(v) => c.out.value(v.data),
             Read::Pieces(r) => stream_value(c, store, r).await?,
         }
         c.out.extend_from_slice(b"\r\n");
@@ -380,8 +380,8 @@ async fn get(c: &mut Conn, store: &Store, keys: &[&[u8]], cas: bool, touch: Opti
     Ok(())
 }
 
-fn value_line(out: &mut Vec<u8>, key: &[u8], v: &Value, cas: bool) {
-    use std::io::Write;
+fn value_line(out: &mut bytes::BytesMut, key: &[u8], v: &Value, cas: bool) {
+    use std::fmt::Write;
     out.extend_from_slice(b"VALUE ");
     out.extend_from_slice(key);
     let _ = write!(out, " {} {}", v.flags, v.len);

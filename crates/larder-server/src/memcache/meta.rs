@@ -35,18 +35,22 @@ struct ItemState {
 }
 
 /// The per-item state of the meta protocol, for the items it was asked about or fetched.
+/// Fetches are tracked from the first meta command that reads the state (`h`, `l`, `me`) or
+/// hands out a win token on: until then a get costs nothing here.
 pub struct Items {
     cache: quick_cache::sync::Cache<Vec<u8>, ItemState>,
+    tracking: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Items {
     fn default() -> Items {
-        Items { cache: quick_cache::sync::Cache::new(1 << 18) }
+        Items { cache: quick_cache::sync::Cache::new(1 << 18), tracking: Default::default() }
     }
 }
 
 impl Items {
     fn state(&self, key: &[u8], stored_ms: u64) -> ItemState {
+        self.tracking.store(true, std::sync::atomic::Ordering::Relaxed);
         match self.cache.get(key) {
             Some(s) if s.stored_ms == stored_ms => s,
             _ => ItemState { stored_ms, bumped_ms: stored_ms, fetched: false, token_sent: false },
@@ -56,6 +60,9 @@ impl Items {
     /// A fetch of the item (a get of any kind, not `mg … u`): fetched from now on, and bumped
     /// if its last bump is older than a minute.
     pub fn fetched(&self, key: &[u8], stored_ms: u64) {
+        if !self.tracking.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         let mut s = self.state(key, stored_ms);
         let now = now_ms();
         let bump = now.saturating_sub(s.bumped_ms) >= BUMP_EVERY_MS;
@@ -348,7 +355,7 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     items.set(&key, state);
     if f.value {
         match found {
-            Read::Value(v) => c.out.extend_from_slice(&v.data),
+            Read::Value(v) => c.out.value(v.data),
             Read::Pieces(r) => stream_value(c, store, r).await?,
         }
         c.out.extend_from_slice(b"\r\n");

@@ -12,7 +12,7 @@ mod meta;
 pub mod text;
 
 use crate::app::App;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -156,10 +156,12 @@ pub(crate) struct Conn {
     pub app: Arc<App>,
     stream: TcpStream,
     pub input: BytesMut,
-    pub out: Vec<u8>,
+    pub out: Out,
     entry: Arc<Entry>,
     listener: Arc<Listener>,
     shutdown: watch::Receiver<bool>,
+    /// Ticks a few times per idle timeout, to check it.
+    tick: tokio::time::Interval,
 }
 
 impl Conn {
@@ -176,15 +178,23 @@ impl Conn {
         self.entry.busy.store(!between, Ordering::Relaxed);
         self.input.reserve(16 << 10);
         let (stream, input, entry, shutdown) = (&mut self.stream, &mut self.input, &self.entry, &mut self.shutdown);
-        let read = async {
+        // The idle timeout is checked on the connection's coarse tick, not with a timer armed
+        // for every read.
+        let (tick, l) = (&mut self.tick, &self.listener);
+        let got = loop {
             tokio::select! {
-                r = stream.read_buf(input) => r.ok().filter(|&n| n > 0),
-                _ = entry.close.notified() => None,
+                r = stream.read_buf(input) => break r.ok().filter(|&n| n > 0),
+                _ = entry.close.notified() => break None,
                 // Between commands, a stop closes the connection; inside one, it finishes.
-                _ = shutdown.changed(), if between => None,
+                _ = shutdown.changed(), if between => break None,
+                _ = tick.tick(), if !idle.is_zero() => {
+                    let quiet = l.now_ms().saturating_sub(entry.active_ms.load(Ordering::Relaxed));
+                    if quiet >= idle.as_millis() as u64 {
+                        break None;
+                    }
+                }
             }
         };
-        let got = if idle.is_zero() { read.await } else { tokio::time::timeout(idle, read).await.ok().flatten() };
         match got {
             Some(n) => {
                 self.app.memcache.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
@@ -200,12 +210,9 @@ impl Conn {
         if self.out.is_empty() {
             return Ok(());
         }
-        let r = self.stream.write_all(&self.out).await;
-        self.app.memcache.bytes_written.fetch_add(self.out.len() as u64, Ordering::Relaxed);
-        self.out.clear();
-        if self.out.capacity() > 4 * FLUSH_AT {
-            self.out.shrink_to(FLUSH_AT);
-        }
+        let n = self.out.len();
+        let r = self.out.write_to(&mut self.stream).await;
+        self.app.memcache.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
         r.map_err(|_| End::Closed)
     }
 
@@ -234,17 +241,114 @@ impl Conn {
     }
 }
 
+/// Answers not yet written: text gathered in place, and values by reference (a value is not
+/// copied into the buffer: the answers go out with one vectored write).
+#[derive(Default)]
+pub(crate) struct Out {
+    cur: BytesMut,
+    segs: Vec<Bytes>,
+    queued: usize,
+}
+
+/// Values shorter than this are copied: a separate piece costs more than the copy.
+const COPY_BELOW: usize = 1024;
+
+impl std::ops::Deref for Out {
+    type Target = BytesMut;
+    fn deref(&self) -> &BytesMut {
+        &self.cur
+    }
+}
+
+impl std::ops::DerefMut for Out {
+    fn deref_mut(&mut self) -> &mut BytesMut {
+        &mut self.cur
+    }
+}
+
+impl Out {
+    /// Appends a value's bytes.
+    pub fn value(&mut self, b: Bytes) {
+        if b.len() < COPY_BELOW {
+            self.cur.extend_from_slice(&b);
+            return;
+        }
+        self.seal();
+        self.queued += b.len();
+        self.segs.push(b);
+    }
+
+    fn seal(&mut self) {
+        if !self.cur.is_empty() {
+            let s = self.cur.split().freeze();
+            self.queued += s.len();
+            self.segs.push(s);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.queued + self.cur.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes everything, vectored, and empties the buffer.
+    async fn write_to(&mut self, stream: &mut TcpStream) -> std::io::Result<()> {
+        self.seal();
+        let (mut i, mut at) = (0, 0);
+        let result = loop {
+            if i == self.segs.len() {
+                break Ok(());
+            }
+            let slices: Vec<std::io::IoSlice<'_>> = std::iter::once(&self.segs[i][at..])
+                .chain(self.segs[i + 1..].iter().map(|s| &s[..]))
+                .take(64)
+                .map(std::io::IoSlice::new)
+                .collect();
+            match stream.write_vectored(&slices).await {
+                Ok(0) => break Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(mut n) => {
+                    while n > 0 {
+                        let left = self.segs[i].len() - at;
+                        if n >= left {
+                            n -= left;
+                            (i, at) = (i + 1, 0);
+                        } else {
+                            at += n;
+                            n = 0;
+                        }
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        self.segs.clear();
+        self.queued = 0;
+        if self.cur.capacity() > 4 * FLUSH_AT {
+            self.cur = BytesMut::with_capacity(16 << 10);
+        }
+        result
+    }
+}
+
 /// Serves one connection: commands are read, run in order and answered; answers to
 /// pipelined commands go out in one write once no complete command is left to run.
 async fn serve(l: Arc<Listener>, stream: TcpStream, shutdown: watch::Receiver<bool>, id: u64, entry: Arc<Entry>) {
     let _ = stream.set_nodelay(true);
     let app = l.app.clone();
     app.memcache.curr_connections.fetch_add(1, Ordering::Relaxed);
+    let idle = app.settings.idle_timeout;
+    let period = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut c = Conn {
+        tick,
         app: app.clone(),
         stream,
         input: BytesMut::with_capacity(16 << 10),
-        out: Vec::with_capacity(16 << 10),
+        out: Out::default(),
         entry,
         listener: l.clone(),
         shutdown,
