@@ -205,3 +205,25 @@ fn a_damaged_flush_file_flushes_everything_rather_than_bring_values_back() {
     s.put(b"newer", b"3", &PutOptions::default()).unwrap();
     assert!(s.get(b"newer", &ReadOptions::default()).unwrap().is_some());
 }
+
+#[test]
+fn a_delayed_flush_covers_values_whose_store_times_ran_ahead_of_the_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(config(dir.path(), 0)).unwrap();
+    // Faster than one write per millisecond: the store times run ahead of the clock.
+    for i in 0..20_000u32 {
+        s.put(format!("k{i}").as_bytes(), b"v", &PutOptions::default()).unwrap();
+    }
+    let last = s.get(b"k19999", &ReadOptions::default()).unwrap().unwrap().stored_ms;
+    s.flush_all(Duration::from_millis(300)).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(s.get(b"k19999", &ReadOptions::default()).unwrap().is_none(), "stored at {last}, before the deadline");
+    // The first write after the deadline turns it into a cut, and is itself above it.
+    s.put(b"after", b"v", &PutOptions::default()).unwrap();
+    assert!(s.get(b"after", &ReadOptions::default()).unwrap().is_some());
+    assert!(s.get(b"k0", &ReadOptions::default()).unwrap().is_none());
+    drop(s);
+    let s = Store::open(config(dir.path(), 0)).unwrap();
+    assert!(s.get(b"k19999", &ReadOptions::default()).unwrap().is_none(), "after a restart too");
+    assert!(s.get(b"after", &ReadOptions::default()).unwrap().is_some());
+}

@@ -307,3 +307,117 @@ fn idle_connections_time_out_and_the_limit_makes_room_or_refuses() {
     let text = String::from_utf8_lossy(&metrics.body);
     assert!(text.contains(r#"larder_memcache_commands_total{command="get",outcome="hit"} 1"#), "{text}");
 }
+
+#[test]
+fn an_increment_that_vivifies_an_already_expired_key_answers_at_once() {
+    let s = server(&["--volume-size", "8MiB", "--volume-count", "4"]);
+    let mut c = Mc::connect(&s);
+    c.ask(b"set keep 0 0 1\r\nk\r\n", "\r\n");
+    let started = Instant::now();
+    // A negative TTL: the new value is expired the moment it is written.
+    let got = c.ask(b"ma foo N-1 J5 v\r\n", "\r\n5\r\n");
+    assert!(got.starts_with("VA 1"), "{got}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(c.ask(b"get keep foo\r\n", "END\r\n"), "VALUE keep 0 1\r\nk\r\nEND\r\n");
+    assert!(s.stats()["puts"].as_u64().unwrap() < 10, "it wrote in a loop");
+}
+
+#[test]
+fn a_stop_lets_a_set_in_progress_finish_and_the_idle_timeout_counts_from_the_last_answer() {
+    let mut s = server(&["--idle-timeout", "2s", "--volume-size", "64MiB", "--volume-count", "4"]);
+    // A value read slowly, for longer than the idle timeout, then another command: answered.
+    let value = bytes(5, 5 << 20);
+    let mut c = Mc::connect(&s);
+    let mut msg = format!("set big 0 0 {}\r\n", value.len()).into_bytes();
+    msg.extend_from_slice(&value);
+    msg.extend_from_slice(b"\r\n");
+    assert_eq!(c.ask(&msg, "\r\n"), "STORED\r\n");
+    c.0.write_all(b"get big\r\n").unwrap();
+    // VALUE line, the value, its \r\n and END\r\n.
+    let whole = format!("VALUE big 0 {}\r\n", value.len()).len() + value.len() + 7;
+    let mut got = 0;
+    let mut buf = [0u8; 65536];
+    let started = Instant::now();
+    while got < whole {
+        let n = c.0.read(&mut buf).unwrap();
+        assert!(n > 0, "closed while the value was being read");
+        got += n;
+        if started.elapsed() < Duration::from_millis(2600) {
+            std::thread::sleep(Duration::from_millis(40));
+        }
+    }
+    assert!(started.elapsed() > Duration::from_secs(2));
+    assert!(c.ask(b"version\r\n", "\r\n").starts_with("VERSION"), "closed after a long answer");
+    // A set whose block is half sent when the stop comes is finished, answered, and kept.
+    let mut up = Mc::connect(&s);
+    up.0.write_all(format!("set streamed 0 0 {}\r\n", value.len()).as_bytes()).unwrap();
+    up.0.write_all(&value[..1 << 20]).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    s.signal_term();
+    std::thread::sleep(Duration::from_millis(300));
+    up.0.write_all(&value[1 << 20..]).unwrap();
+    up.0.write_all(b"\r\n").unwrap();
+    assert_eq!(up.read_until("\r\n"), "STORED\r\n");
+    s.wait_exit_success();
+    s.restart();
+    let r = s.client().get("/streamed");
+    assert!(r.status == 200 && r.body == value, "the set finished during the stop is kept");
+}
+
+#[test]
+fn a_connection_inside_a_data_block_is_not_closed_for_a_newcomer_and_a_client_that_never_reads_is() {
+    let s = server(&["--max-connections", "2", "--idle-timeout", "3s"]);
+    let mut busy = Mc::connect(&s);
+    let mut idle = Mc::connect(&s);
+    idle.ask(b"version\r\n", "\r\n");
+    busy.0.write_all(b"set k1 0 0 10\r\n12345").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut newcomer = Mc::connect(&s);
+    assert!(newcomer.ask(b"version\r\n", "\r\n").starts_with("VERSION"));
+    assert!(idle.closed(), "the idle connection made room");
+    assert_eq!(busy.ask(b"67890\r\n", "\r\n"), "STORED\r\n", "the one inside a data block was left alone");
+    drop(newcomer);
+    drop(busy);
+    // A client that asks for a large value over and over and reads none of it is closed
+    // once its writes have stalled for the idle timeout.
+    let value = bytes(9, 4 << 20);
+    let mut c = Mc::connect(&s);
+    let mut msg = format!("set big 0 0 {}\r\n", value.len()).into_bytes();
+    msg.extend_from_slice(&value);
+    msg.extend_from_slice(b"\r\n");
+    assert_eq!(c.ask(&msg, "\r\n"), "STORED\r\n");
+    let mut stuck = Mc::connect(&s);
+    for _ in 0..8 {
+        stuck.0.write_all(b"get big\r\n").unwrap();
+    }
+    let started = Instant::now();
+    loop {
+        let open = s.stats()["memcache"]["curr_connections"].as_u64().unwrap();
+        if open <= 1 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "a client that never reads is never closed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_binary_get_of_a_large_value_within_a_small_body_budget_completes() {
+    let s = server(&["--max-body-memory", "2MiB", "--volume-size", "64MiB", "--volume-count", "4"]);
+    let value = bytes(4, 3 << 20);
+    let mut c = Mc::connect(&s);
+    let mut msg = format!("set big 0 0 {}\r\n", value.len()).into_bytes();
+    msg.extend_from_slice(&value);
+    msg.extend_from_slice(b"\r\n");
+    assert_eq!(c.ask(&msg, "\r\n"), "STORED\r\n");
+    let mut b = Mc::connect(&s);
+    let mut get = vec![0x80, 0x00, 0, 3, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0];
+    get.extend_from_slice(b"big");
+    b.0.write_all(&get).unwrap();
+    let mut answer = vec![0u8; 24 + 4 + value.len()];
+    b.0.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer[..2], &[0x81, 0x00]);
+    assert!(answer[28..] == value[..]);
+    // And the server's budget is free again for others.
+    assert_eq!(s.client().put("/after", b"x").status, 200);
+}

@@ -50,7 +50,7 @@ impl Writer {
     }
 
     /// A store time for a write made now, later than every earlier one.
-    pub fn stamp(&mut self) -> u64 {
+    pub(super) fn stamp(&mut self) -> u64 {
         self.last_stamp = now_ms().max(self.last_stamp + 1);
         self.last_stamp
     }

@@ -100,6 +100,7 @@ impl Store {
         for (slot, generation, offset) in rec.heads {
             disk.heads.insert(slot, generation, offset);
         }
+        disk.settle_flushes(last_stamp);
         if rec.active.is_none() {
             // A new store, or one whose newest volume is in a missing directory: a new volume
             // in the slot after the newest.

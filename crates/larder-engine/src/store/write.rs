@@ -286,7 +286,7 @@ impl Store {
                 return Err(chunks_reused());
             }
             // Stamped under the lock, so store times (and versions) are unique and ordered.
-            header.stored_ms = w.stamp();
+            header.stored_ms = sh.stamp(&mut w);
             // By the clock, which expiry is checked against, not by the stamp: the stamp runs
             // ahead of the clock after it stepped back.
             header.expiry_ms = opts.expiry.at_ms(now_ms());
@@ -358,7 +358,7 @@ impl Store {
         meta::encode(&mut m, None, blocks.as_ref());
         meta::encode_chunk(&mut m, index);
         let mut w = sh.writer.lock();
-        let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_CHUNK) };
+        let header = Header { stored_ms: sh.stamp(&mut w), ..new_header(FLAG_CHUNK) };
         let rec = Append { header, key, meta: &m, value: &[chunk], value_crc: crc };
         let (pos, _) = sh.append(&mut w, true, &rec)?.expect("an append that may wait completes");
         let s = &sh.ring.slots[pos.volume as usize];
@@ -390,7 +390,7 @@ impl Store {
             // record. An expired value needs none: it stays expired across restarts.
             let mut removed = None;
             let (seq, tombstone_only) = if current.live.is_some() || sh.ring.degraded || w.has_strays(&sh.ring.slots) {
-                let header = Header { stored_ms: w.stamp(), ..new_header(FLAG_TOMBSTONE) };
+                let header = Header { stored_ms: sh.stamp(&mut w), ..new_header(FLAG_TOMBSTONE) };
                 let rec = Append { header, key, meta: b"", value: &[], value_crc: crc32c::crc32c(b"") };
                 let Some(_) = sh.append(&mut w, wait, &rec)? else {
                     return Ok(None);
@@ -458,9 +458,14 @@ impl Store {
             if rec.dead(sh, now) {
                 return Ok(None);
             }
+            let last = locked.is_some();
             let mut w = locked.unwrap_or_else(|| sh.writer.lock());
             let current = sh.index.get(hash);
             if !same(current, Some(loc)) || current.and_then(|l| sh.ring.live_generation(l)) != generation {
+                // Under the lock only a read that expired or lost the value moves it: gone.
+                if last {
+                    return Ok(None);
+                }
                 continue;
             }
             let mut header = rec.header;
@@ -469,12 +474,16 @@ impl Store {
             let app = Append { header, key, meta: rec.meta(), value: &value, value_crc: rec.value_crc };
             let (pos, new) = sh.append(&mut w, true, &app)?.expect("an append that may wait completes");
             let new_generation = sh.ring.slots[new.slot as usize].generation.load(Ordering::Relaxed);
+            // A read that expired the value may drop it even under the writer lock: the copy
+            // then stays unindexed (recovery finds it expired or shadowed) and nothing changed.
+            if !sh.index.replace_if_eq(hash, loc, new) {
+                return Ok(None);
+            }
             if header.is_head() {
                 // The copy names the same chunks: the old head goes without freeing them.
                 sh.heads.take(loc.slot, generation.unwrap_or(0), loc.offset);
                 sh.heads.insert(new.slot, new_generation, new.offset);
             }
-            sh.index.replace_if_eq(hash, loc, new);
             let always = sh.ring.cfg.fsync == FsyncPolicy::Always;
             if always {
                 w.undo.push(Undo { hash, key: key.into(), before: Some(loc), after: Some(new) });
@@ -483,11 +492,16 @@ impl Store {
             let held = self.memory.as_ref().and_then(|m| m.get(key)).filter(|c| c.stored_ms == header.stored_ms);
             let seen = Seen { loc: new, generation: new_generation };
             let offer = held.map(|c| (Cached { expiry_ms: header.expiry_ms, position: pos, ..c }, seen));
-            self.reconcile_memory(hash, key, offer);
+            // As a put's: a copy that must be durable first enters memory only once it is.
+            let (now_offer, later) = if always { (None, offer) } else { (offer, None) };
+            self.reconcile_memory(hash, key, now_offer);
             let seq = w.appended;
             drop(w);
             if always {
                 sh.wait_durable(seq)?;
+                if later.is_some() {
+                    self.reconcile_memory(hash, key, later);
+                }
             }
             let (len, crc) = match Meta::parse(rec.meta()).large {
                 Some(large) => large,
@@ -495,7 +509,7 @@ impl Store {
             };
             return Ok(Some(Version { len, crc, stored_ms: header.stored_ms }));
         }
-        unreachable!("the last round reads under the writer lock")
+        Ok(None)
     }
 
     /// [`Store::touch_inner`] of a key the index does not name: a value memory still holds is

@@ -8,7 +8,7 @@
 //! answer echoes the opcode and opaque. Quiet variants answer only failures (and a quiet get
 //! not even a miss); `noop` flushes the answers of a batch of them.
 
-use super::exec::{expiry, server_error, stream_value};
+use super::exec::{contended, expiry, server_error, stream_value, swallow, ROUNDS};
 use super::text::KEY_MAX;
 use super::{Conn, End};
 use crate::api::{blocking, read_body_of, Read};
@@ -111,30 +111,32 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
             let h = Header { opcode, key_len, extras_len, opaque, cas };
             let app = c.app.clone();
             let Some(store) = app.store.get() else {
-                c.want(HEADER + body_len).await?;
-                let _ = c.input.split_to(HEADER + body_len);
+                swallow(c, (HEADER + body_len) as u64).await?;
                 error(&mut c.out, &h, SERVER);
                 continue;
             };
-            // Larger than a chunk is for HTTP and the text protocol, which stream.
+            // Larger than a chunk is for HTTP and the text protocol, which stream. Checked
+            // before a byte of the body is held.
             let most = store.config().chunk_size.min(store.config().max_value_size) as usize;
             if key_len + extras_len > body_len || body_len > most + KEY_MAX + 64 {
-                super::exec::swallow(c, (HEADER + body_len) as u64).await?;
+                swallow(c, (HEADER + body_len) as u64).await?;
                 error(&mut c.out, &h, if key_len + extras_len > body_len { INVALID } else { TOO_LARGE });
                 continue;
             }
             let room = app.body_budget.reserve(body_len as u64).await;
             c.want(HEADER + body_len).await?;
             let packet = c.input.split_to(HEADER + body_len).freeze();
+            // The body's room goes back before it runs: a get that streams a large value waits
+            // for room of its own, and must not wait behind this.
+            drop(room);
             let body = packet.slice(HEADER..);
             let quit = run(c, store, &h, &body).await?;
-            drop(room);
             if quit {
                 return Err(End::Closed);
             }
             c.maybe_flush().await?;
         }
-        c.fill().await?;
+        c.next_command().await?;
     }
 }
 
@@ -266,45 +268,48 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             let (delta, initial, exp) = (x.get_u64(), x.get_u64(), x.get_u32());
             let incr = h.opcode & 0x0f == 0x05;
             let (k, cas) = (key.to_vec(), h.cas);
-            let r = blocking(&app, move |s| loop {
-                let v = match s.get(&k, &ReadOptions::default()) {
-                    Ok(v) => v,
-                    // Longer than a chunk: no number is that long.
-                    Err(e) if e.kind() == ErrorKind::TooLarge => return Ok(Err(NON_NUMERIC)),
-                    Err(e) => return Err(e),
-                };
-                let Some(v) = v else {
-                    // Missing: created with the initial value, unless the expiration says not to.
-                    if exp == u32::MAX {
-                        return Ok(Err(NOT_FOUND));
+            let r = blocking(&app, move |s| {
+                for _ in 0..ROUNDS {
+                    let v = match s.get(&k, &ReadOptions::default()) {
+                        Ok(v) => v,
+                        // Longer than a chunk: no number is that long.
+                        Err(e) if e.kind() == ErrorKind::TooLarge => return Ok(Err(NON_NUMERIC)),
+                        Err(e) => return Err(e),
+                    };
+                    let Some(v) = v else {
+                        // Missing: created with the initial value, unless the expiration says not to.
+                        if exp == u32::MAX {
+                            return Ok(Err(NOT_FOUND));
+                        }
+                        let absent = [Precondition::Absent];
+                        let opts = PutOptions { expiry: exptime(exp), preconditions: &absent, ..Default::default() };
+                        match s.put(&k, initial.to_string().as_bytes(), &opts) {
+                            Ok(st) => return Ok(Ok((initial, st.version.stored_ms))),
+                            Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+                            Err(e) => return Err(e),
+                        }
+                    };
+                    if cas != 0 && cas != v.stored_ms {
+                        return Ok(Err(EXISTS));
                     }
-                    let absent = [Precondition::Absent];
-                    let opts = PutOptions { expiry: exptime(exp), preconditions: &absent, ..Default::default() };
-                    match s.put(&k, initial.to_string().as_bytes(), &opts) {
-                        Ok(st) => return Ok(Ok((initial, st.version.stored_ms))),
+                    let Some((n, bytes)) = super::text::apply_delta(&v.data, incr, delta) else {
+                        return Ok(Err(NON_NUMERIC));
+                    };
+                    let cond = [Precondition::StoredAt(v.stored_ms)];
+                    let opts = PutOptions {
+                        expiry: Expiry::of(v.expiry_ms),
+                        flags: v.flags,
+                        content_type: v.content_type.as_deref(),
+                        preconditions: &cond,
+                        ..Default::default()
+                    };
+                    match s.put(&k, &bytes, &opts) {
+                        Ok(st) => return Ok(Ok((n, st.version.stored_ms))),
                         Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
                         Err(e) => return Err(e),
                     }
-                };
-                if cas != 0 && cas != v.stored_ms {
-                    return Ok(Err(EXISTS));
                 }
-                let Some((n, bytes)) = super::text::apply_delta(&v.data, incr, delta) else {
-                    return Ok(Err(NON_NUMERIC));
-                };
-                let cond = [Precondition::StoredAt(v.stored_ms)];
-                let opts = PutOptions {
-                    expiry: Expiry::of(v.expiry_ms),
-                    flags: v.flags,
-                    content_type: v.content_type.as_deref(),
-                    preconditions: &cond,
-                    ..Default::default()
-                };
-                match s.put(&k, &bytes, &opts) {
-                    Ok(st) => return Ok(Ok((n, st.version.stored_ms))),
-                    Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-                    Err(e) => return Err(e),
-                }
+                Err(contended())
             })
             .await;
             match r {
@@ -326,7 +331,11 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             if !(extras.is_empty() || extras.len() == 4) || !key.is_empty() || !value.is_empty() {
                 return invalid(c, h);
             }
-            let delay = if extras.len() == 4 { (&extras[..]).get_u32() as u64 } else { 0 };
+            // As the text protocol's: beyond 30 days, a Unix time.
+            let delay = match if extras.len() == 4 { (&extras[..]).get_u32() as u64 } else { 0 } {
+                d if d as i64 <= super::text::REALTIME_MAXDELTA => d,
+                d => d.saturating_sub(larder_engine::now_ms() / 1000),
+            };
             match blocking(&app, move |s| s.flush_all(Duration::from_secs(delay))).await {
                 Ok(()) if quiet => {}
                 Ok(()) => answer(&mut c.out, h, OK, 0, &[], &[], &[]),
@@ -342,25 +351,29 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             }
             let append = matches!(h.opcode, 0x0e | 0x19);
             let (k, cas) = (key.to_vec(), h.cas);
-            let r = blocking(&app, move |s| loop {
-                let Some(v) = s.get(&k, &ReadOptions::default())? else { return Ok(Err(NOT_STORED)) };
-                if cas != 0 && cas != v.stored_ms {
-                    return Ok(Err(EXISTS));
+            let r = blocking(&app, move |s| {
+                for _ in 0..ROUNDS {
+                    let Some(v) = s.get(&k, &ReadOptions::default())? else { return Ok(Err(NOT_STORED)) };
+                    if cas != 0 && cas != v.stored_ms {
+                        return Ok(Err(EXISTS));
+                    }
+                    let joined =
+                        if append { [&v.data[..], &value].concat() } else { [&value[..], &v.data[..]].concat() };
+                    let cond = [Precondition::StoredAt(v.stored_ms)];
+                    let opts = PutOptions {
+                        expiry: Expiry::of(v.expiry_ms),
+                        flags: v.flags,
+                        content_type: v.content_type.as_deref(),
+                        preconditions: &cond,
+                        ..Default::default()
+                    };
+                    match s.put(&k, &joined, &opts) {
+                        Ok(st) => return Ok(Ok(st.version.stored_ms)),
+                        Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+                        Err(e) => return Err(e),
+                    }
                 }
-                let joined = if append { [&v.data[..], &value].concat() } else { [&value[..], &v.data[..]].concat() };
-                let cond = [Precondition::StoredAt(v.stored_ms)];
-                let opts = PutOptions {
-                    expiry: Expiry::of(v.expiry_ms),
-                    flags: v.flags,
-                    content_type: v.content_type.as_deref(),
-                    preconditions: &cond,
-                    ..Default::default()
-                };
-                match s.put(&k, &joined, &opts) {
-                    Ok(st) => return Ok(Ok(st.version.stored_ms)),
-                    Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-                    Err(e) => return Err(e),
-                }
+                Err(contended())
             })
             .await;
             match r {

@@ -130,6 +130,15 @@ impl Counters {
     }
 }
 
+/// Rounds a read-modify-write (append, incr, …) goes before it gives up on a key written
+/// faster than it can read and write it.
+pub(super) const ROUNDS: usize = 64;
+
+/// The error of a read-modify-write that lost [`ROUNDS`] races in a row.
+pub(super) fn contended() -> larder_engine::Error {
+    larder_engine::Error::new(ErrorKind::Io, "the key was written by others faster than this command could complete")
+}
+
 /// memcached's expiry time (0 never; up to 30 days, seconds from now; beyond, a Unix time;
 /// negative, expired at once) as the store's.
 pub(super) fn expiry(exptime: i64) -> Expiry {
@@ -158,6 +167,8 @@ fn long_get(input: &[u8]) -> bool {
 /// Reads and runs commands until the connection ends.
 pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
     let mut first = true;
+    // How much of a long line was already searched for its end.
+    let mut scanned = 0;
     loop {
         loop {
             if first && !c.input.is_empty() {
@@ -167,12 +178,14 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
                     return super::binary::session(c).await;
                 }
             }
-            let Some(nl) = c.input.iter().position(|&b| b == b'\n') else {
+            let Some(nl) = c.input[scanned..].iter().position(|&b| b == b'\n').map(|i| i + scanned) else {
                 if c.input.len() > LINE_MAX && !long_get(&c.input) {
                     return Err(End::Closed); // memcached closes a connection for a line this long
                 }
+                scanned = c.input.len();
                 break;
             };
+            scanned = 0;
             let line = c.input.split_to(nl + 1).freeze();
             let text = line[..nl].strip_suffix(b"\r").unwrap_or(&line[..nl]);
             match text::parse(text) {
@@ -191,7 +204,7 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
             }
             c.maybe_flush().await?;
         }
-        c.fill().await?;
+        c.next_command().await?;
     }
 }
 
@@ -200,7 +213,12 @@ async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
     let m = &app.memcache;
     let Some(store) = app.store.get() else {
         // Still recovering: a data block is read past, then the answer is an error.
-        if let Command::Store { len, .. } = cmd {
+        let block = match &cmd {
+            Command::Store { len, .. } => Some(*len),
+            Command::Meta { cmd: b's', words } => words.get(2).and_then(|w| super::text::safe_strtol(w)),
+            _ => None,
+        };
+        if let Some(len) = block.filter(|&l| l >= 0) {
             swallow(c, len as u64 + 2).await?;
         }
         c.out.extend_from_slice(b"SERVER_ERROR recovering the store; try again shortly\r\n");
@@ -408,7 +426,7 @@ pub(super) async fn stream_value(c: &mut Conn, store: &Store, mut r: larder_engi
         };
         r = back;
         match piece {
-            Ok(Some(p)) => c.send(&p).await?,
+            Ok(Some(p)) => c.send(p).await?,
             Ok(None) => break,
             Err(e) => {
                 tracing::error!(error = %e, "a large value failed while it was sent over memcached; the connection is closed");
@@ -450,7 +468,7 @@ async fn store_cmd(
     let put = Put { key: key.to_vec(), flags, expiry: expiry(exptime), preconditions };
     let stored = if streamed {
         match put_streamed(c, put, len).await? {
-            Some(r) => r,
+            Some(r) => r.map(|_| ()),
             None => return Ok(Answer::Line(Outcome::ClientError, "CLIENT_ERROR bad data chunk\r\n")),
         }
     } else {
@@ -523,7 +541,11 @@ async fn put_value(c: &Conn, put: Put, data: Bytes) -> larder_engine::Result<()>
 
 /// A data block longer than a chunk, written to disk as it arrives (as an HTTP upload is):
 /// `Ok(None)` when it does not end with `\r\n`, and then nothing is stored.
-pub(super) async fn put_streamed(c: &mut Conn, put: Put, len: u64) -> Result<Option<larder_engine::Result<()>>, End> {
+pub(super) async fn put_streamed(
+    c: &mut Conn,
+    put: Put,
+    len: u64,
+) -> Result<Option<larder_engine::Result<Option<larder_engine::Stored>>>, End> {
     let app = c.app.clone();
     let chunk = app.store.get().expect("ready").config().chunk_size;
     let _turn = app.uploads.acquire().await.expect("the uploads' semaphore is never closed");
@@ -536,11 +558,11 @@ pub(super) async fn put_streamed(c: &mut Conn, put: Put, len: u64) -> Result<Opt
         let mut w = store.writer(&put.key, &put.options())?;
         while let Some(piece) = rx.blocking_recv() {
             if piece.is_empty() {
-                return w.finish().map(|_| true);
+                return w.finish().map(Some);
             }
             w.write(&piece)?;
         }
-        Ok(false) // cut short: nothing is stored
+        Ok(None) // cut short: nothing is stored
     });
     let mut left = len;
     let mut writer_gone = false;
@@ -575,8 +597,7 @@ pub(super) async fn put_streamed(c: &mut Conn, put: Put, len: u64) -> Result<Opt
     let written = writing.await.expect("store call panicked");
     Ok(match (ended, written) {
         (false, Ok(_)) => None,
-        (_, Ok(_)) => Some(Ok(())),
-        (_, Err(e)) => Some(Err(e)),
+        (_, r) => Some(r),
     })
 }
 
@@ -584,34 +605,37 @@ pub(super) async fn put_streamed(c: &mut Conn, put: Put, len: u64) -> Result<Opt
 /// that the value is still the one read (its flags, expiry and content type kept). Round
 /// again when another write came in between.
 async fn concat(c: &Conn, put: Put, data: Bytes, append: bool) -> larder_engine::Result<()> {
-    blocking(&c.app, move |s| loop {
-        let Some(mut r) = s.reader(&put.key, Part::Whole)? else {
-            return Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "the key has no value"));
-        };
-        let v = r.value().clone();
-        let cond = [Precondition::StoredAt(v.stored_ms)];
-        let opts = PutOptions {
-            expiry: Expiry::of(v.expiry_ms),
-            flags: v.flags,
-            stale: false,
-            content_type: v.content_type.as_deref(),
-            preconditions: &cond,
-            nonblocking: false,
-        };
-        let mut w = s.writer(&put.key, &opts)?;
-        if !append {
-            w.write(&data)?;
+    blocking(&c.app, move |s| {
+        for _ in 0..ROUNDS {
+            let Some(mut r) = s.reader(&put.key, Part::Whole)? else {
+                return Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "the key has no value"));
+            };
+            let v = r.value().clone();
+            let cond = [Precondition::StoredAt(v.stored_ms)];
+            let opts = PutOptions {
+                expiry: Expiry::of(v.expiry_ms),
+                flags: v.flags,
+                stale: false,
+                content_type: v.content_type.as_deref(),
+                preconditions: &cond,
+                nonblocking: false,
+            };
+            let mut w = s.writer(&put.key, &opts)?;
+            if !append {
+                w.write(&data)?;
+            }
+            while let Some(piece) = r.next_piece()? {
+                w.write(&piece)?;
+            }
+            if append {
+                w.write(&data)?;
+            }
+            match w.finish() {
+                Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+                r => return r.map(|_| ()),
+            }
         }
-        while let Some(piece) = r.next_piece()? {
-            w.write(&piece)?;
-        }
-        if append {
-            w.write(&data)?;
-        }
-        match w.finish() {
-            Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-            r => return r.map(|_| ()),
-        }
+        Err(contended())
     })
     .await
 }
@@ -624,29 +648,32 @@ async fn arith(c: &Conn, key: &[u8], incr: bool, delta: u64) -> Answer {
         NotNumeric,
     }
     let k = key.to_vec();
-    let r = blocking(&c.app, move |s| loop {
-        let v = match s.get(&k, &ReadOptions::default()) {
-            Ok(Some(v)) => v,
-            Ok(None) => return Ok(Done::NotFound),
-            // Longer than a chunk: no number is that long.
-            Err(e) if e.kind() == ErrorKind::TooLarge => return Ok(Done::NotNumeric),
-            Err(e) => return Err(e),
-        };
-        let Some((n, bytes)) = text::apply_delta(&v.data, incr, delta) else { return Ok(Done::NotNumeric) };
-        let cond = [Precondition::StoredAt(v.stored_ms)];
-        let opts = PutOptions {
-            expiry: Expiry::of(v.expiry_ms),
-            flags: v.flags,
-            stale: false,
-            content_type: v.content_type.as_deref(),
-            preconditions: &cond,
-            nonblocking: false,
-        };
-        match s.put(&k, &bytes, &opts) {
-            Ok(_) => return Ok(Done::Number(n)),
-            Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-            Err(e) => return Err(e),
+    let r = blocking(&c.app, move |s| {
+        for _ in 0..ROUNDS {
+            let v = match s.get(&k, &ReadOptions::default()) {
+                Ok(Some(v)) => v,
+                Ok(None) => return Ok(Done::NotFound),
+                // Longer than a chunk: no number is that long.
+                Err(e) if e.kind() == ErrorKind::TooLarge => return Ok(Done::NotNumeric),
+                Err(e) => return Err(e),
+            };
+            let Some((n, bytes)) = text::apply_delta(&v.data, incr, delta) else { return Ok(Done::NotNumeric) };
+            let cond = [Precondition::StoredAt(v.stored_ms)];
+            let opts = PutOptions {
+                expiry: Expiry::of(v.expiry_ms),
+                flags: v.flags,
+                stale: false,
+                content_type: v.content_type.as_deref(),
+                preconditions: &cond,
+                nonblocking: false,
+            };
+            match s.put(&k, &bytes, &opts) {
+                Ok(_) => return Ok(Done::Number(n)),
+                Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+                Err(e) => return Err(e),
+            }
         }
+        Err(contended())
     })
     .await;
     match r {

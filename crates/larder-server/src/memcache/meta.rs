@@ -8,7 +8,7 @@
 //! new value starts afresh, and bounded: an item it forgot reads as never fetched, last
 //! accessed when stored, no token out. The stale mark (`I`) is part of the stored value.
 
-use super::exec::{expiry, put_streamed, server_error, stream_value, swallow, Put};
+use super::exec::{contended, expiry, put_streamed, server_error, stream_value, swallow, Put, ROUNDS};
 use super::text::{safe_strtol, safe_strtoul, safe_strtoull, KEY_MAX};
 use super::{Conn, End};
 use crate::api::{blocking, read_body_of, Read};
@@ -422,15 +422,17 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
         _ => vec![],
     };
     let put = Put { key: key.to_vec(), flags: f.client_flags, expiry: exp, preconditions };
-    let result = if len > cfg.chunk_size {
+    // The store time of what this command wrote: its new cas.
+    let result: larder_engine::Result<u64> = if len > cfg.chunk_size {
         match put_streamed(c, put, len).await? {
-            Some(r) => r.map(|_| ()),
+            Some(r) => r.map(|st| st.map_or(0, |st| st.version.stored_ms)),
             None => {
                 error_line(c, "CLIENT_ERROR bad data chunk");
                 return Ok(());
             }
         }
     } else {
+        let room = app.body_budget.reserve(len + 2).await;
         c.want(len as usize + 2).await?;
         let block = c.input.split_to(len as usize + 2).freeze();
         if &block[len as usize..] != b"\r\n" {
@@ -439,18 +441,20 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
         }
         let data = block.slice(..len as usize);
         let (stale, mode, cas) = (f.stale, f.mode, f.cas);
-        match blocking(&app, move |s| ms_write(s, &put, data, mode, cas, cas_mode && stale)).await {
-            Ok(Some((old, new))) => {
+        let r = match blocking(&app, move |s| ms_write(s, &put, data, mode, cas, cas_mode && stale)).await {
+            Ok((new, Some(old))) => {
                 // A stale store keeps the win token of the value it replaced.
                 let was = app.memcache_items.state(&key, old);
                 app.memcache_items.set(&key, ItemState { stored_ms: new, ..was });
-                Ok(())
+                Ok(new)
             }
-            r => r.map(|_| ()),
-        }
+            r => r.map(|(new, _)| new),
+        };
+        drop(room);
+        r
     };
     let code: &[u8] = match &result {
-        Ok(()) => b"HD",
+        Ok(_) => b"HD",
         Err(e) if e.kind() == ErrorKind::PreconditionFailed => {
             let present = read_body_of(&app, store, &key, Part::Nothing).await.ok().flatten().is_some();
             match (cas_mode || append, present) {
@@ -476,9 +480,10 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
             }
             b'k' => key_flag(&mut out, &key, f.key_binary),
             _ => {
-                // The new cas: the store time of what is there now.
-                let now = read_body_of(&app, store, &key, Part::Nothing).await.ok().flatten();
-                let cas = if code == b"HD" { now.map_or(0, |r| r.value().stored_ms) } else { 0 };
+                let cas = match (&result, code) {
+                    (Ok(cas), b"HD") => *cas,
+                    _ => 0,
+                };
                 out.extend_from_slice(format!(" c{cas}").as_bytes());
             }
         }
@@ -488,8 +493,8 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     Ok(())
 }
 
-/// The write of an `ms` whose data is in memory; for a stale store (`I` with an older cas),
-/// the store times of the value replaced and of the new one.
+/// The write of an `ms` whose data is in memory: the new value's store time and, for a stale
+/// store (`I` with an older cas), the store time of the value it replaced.
 fn ms_write(
     s: &Store,
     put: &Put,
@@ -497,31 +502,34 @@ fn ms_write(
     mode: Option<u8>,
     cas: Option<u64>,
     stale_allowed: bool,
-) -> larder_engine::Result<Option<(u64, u64)>> {
+) -> larder_engine::Result<(u64, Option<u64>)> {
     let opts = put.options();
     match mode {
-        Some(m @ (b'A' | b'P')) => loop {
-            // Append and prepend: to the value read, if its cas is the one given (when given).
-            let Some(v) = s.get(&put.key, &ReadOptions::default())? else {
-                return Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "absent"));
-            };
-            if cas.is_some_and(|c| c != 0 && c != v.stored_ms) {
-                return Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "cas"));
+        Some(m @ (b'A' | b'P')) => {
+            for _ in 0..ROUNDS {
+                // Append and prepend: to the value read, if its cas is the one given (when given).
+                let Some(v) = s.get(&put.key, &ReadOptions::default())? else {
+                    return Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "absent"));
+                };
+                if cas.is_some_and(|c| c != 0 && c != v.stored_ms) {
+                    return Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "cas"));
+                }
+                let joined = if m == b'A' { [&v.data[..], &data].concat() } else { [&data[..], &v.data[..]].concat() };
+                let cond = [Precondition::StoredAt(v.stored_ms)];
+                let keep = PutOptions {
+                    expiry: Expiry::of(v.expiry_ms),
+                    flags: v.flags,
+                    content_type: v.content_type.as_deref(),
+                    preconditions: &cond,
+                    ..Default::default()
+                };
+                match s.put(&put.key, &joined, &keep) {
+                    Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+                    r => return r.map(|st| (st.version.stored_ms, None)),
+                }
             }
-            let joined = if m == b'A' { [&v.data[..], &data].concat() } else { [&data[..], &v.data[..]].concat() };
-            let cond = [Precondition::StoredAt(v.stored_ms)];
-            let keep = PutOptions {
-                expiry: Expiry::of(v.expiry_ms),
-                flags: v.flags,
-                content_type: v.content_type.as_deref(),
-                preconditions: &cond,
-                ..Default::default()
-            };
-            match s.put(&put.key, &joined, &keep) {
-                Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-                r => return r.map(|_| None),
-            }
-        },
+            Err(contended())
+        }
         _ => match s.put(&put.key, &data, &opts) {
             // With `I`, a cas older than the value's stores anyway, marked stale, keeping the
             // value's expiry (a slow recache under an invalidation).
@@ -534,9 +542,9 @@ fn ms_write(
                 }
                 let cond = [Precondition::StoredAt(v.stored_ms)];
                 let stale = PutOptions { expiry: Expiry::of(v.expiry_ms), stale: true, preconditions: &cond, ..opts };
-                s.put(&put.key, &data, &stale).map(|st| Some((v.stored_ms, st.version.stored_ms)))
+                s.put(&put.key, &data, &stale).map(|st| (st.version.stored_ms, Some(v.stored_ms)))
             }
-            r => r.map(|_| None),
+            r => r.map(|st| (st.version.stored_ms, None)),
         },
     }
 }
@@ -647,44 +655,64 @@ async fn ma(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
     let app = c.app.clone();
     let k = key.to_vec();
     let (delta, cas, vivify, initial) = (f.delta.unwrap_or(1), f.cas, f.vivify, f.initial);
-    let r = blocking(&app, move |s| loop {
-        let v = match s.get(&k, &ReadOptions::default()) {
-            Ok(Some(v)) => v,
-            Ok(None) => {
-                let Some(t) = vivify else { return Ok(Done::NotFound) };
-                let absent = [Precondition::Absent];
-                let opts = PutOptions { expiry: expiry(t), preconditions: &absent, ..Default::default() };
-                match s.put(&k, initial.to_string().as_bytes(), &opts) {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-                    Err(e) => return Err(e),
+    let r = blocking(&app, move |s| {
+        for _ in 0..ROUNDS {
+            let v = match s.get(&k, &ReadOptions::default()) {
+                Ok(Some(v)) => v,
+                Ok(None) => {
+                    let Some(t) = vivify else { return Ok(Done::NotFound) };
+                    let absent = [Precondition::Absent];
+                    let opts = PutOptions { expiry: expiry(t), preconditions: &absent, ..Default::default() };
+                    let text = initial.to_string();
+                    // Answered from what was written, not read back: with a TTL already past, the
+                    // value is expired at once, and a read would miss it.
+                    match s.put(&k, text.as_bytes(), &opts) {
+                        Ok(st) => {
+                            let now = now_ms();
+                            let v = Value {
+                                data: Bytes::from(text.into_bytes()),
+                                start: 0,
+                                len: st.version.len,
+                                crc: st.version.crc,
+                                content_type: None,
+                                position: st.position,
+                                stored_ms: st.version.stored_ms,
+                                expiry_ms: expiry(t).at_ms(now),
+                                flags: 0,
+                                stale: false,
+                                tier: larder_engine::Tier::Disk,
+                            };
+                            return Ok(Done::Number(initial, v, true));
+                        }
+                        Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+                        Err(e) => return Err(e),
+                    }
                 }
-                let Some(v) = s.get(&k, &ReadOptions::default())? else { continue };
-                return Ok(Done::Number(initial, v, true));
+                Err(e) if e.kind() == ErrorKind::TooLarge => return Ok(Done::NotNumeric),
+                Err(e) => return Err(e),
+            };
+            if cas.is_some_and(|c| c != 0 && c != v.stored_ms) {
+                return Ok(Done::Exists);
             }
-            Err(e) if e.kind() == ErrorKind::TooLarge => return Ok(Done::NotNumeric),
-            Err(e) => return Err(e),
-        };
-        if cas.is_some_and(|c| c != 0 && c != v.stored_ms) {
-            return Ok(Done::Exists);
-        }
-        let Some((n, bytes)) = super::text::apply_delta(&v.data, incr, delta) else { return Ok(Done::NotNumeric) };
-        let cond = [Precondition::StoredAt(v.stored_ms)];
-        let opts = PutOptions {
-            expiry: Expiry::of(v.expiry_ms),
-            flags: v.flags,
-            content_type: v.content_type.as_deref(),
-            preconditions: &cond,
-            ..Default::default()
-        };
-        match s.put(&k, &bytes, &opts) {
-            Ok(stored) => {
-                let v = Value { stored_ms: stored.version.stored_ms, ..v };
-                return Ok(Done::Number(n, v, false));
+            let Some((n, bytes)) = super::text::apply_delta(&v.data, incr, delta) else { return Ok(Done::NotNumeric) };
+            let cond = [Precondition::StoredAt(v.stored_ms)];
+            let opts = PutOptions {
+                expiry: Expiry::of(v.expiry_ms),
+                flags: v.flags,
+                content_type: v.content_type.as_deref(),
+                preconditions: &cond,
+                ..Default::default()
+            };
+            match s.put(&k, &bytes, &opts) {
+                Ok(stored) => {
+                    let v = Value { stored_ms: stored.version.stored_ms, ..v };
+                    return Ok(Done::Number(n, v, false));
+                }
+                Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+                Err(e) => return Err(e),
             }
-            Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-            Err(e) => return Err(e),
         }
+        Err(contended())
     })
     .await;
     let mut out = Vec::new();

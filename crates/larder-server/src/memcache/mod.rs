@@ -165,17 +165,35 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Reads more from the client; `Err(End)` when it closed, the idle timeout passed, the
-    /// connection was closed for a newcomer, or the server stops while nothing is pending.
+    /// Waits for the next command: what was answered goes out, the connection is idle from
+    /// now (its idle timeout counts from here, not from the last byte read), and a stop or a
+    /// newcomer past the connection limit may close it.
+    pub async fn next_command(&mut self) -> Result<(), End> {
+        self.flush().await?;
+        self.entry.active_ms.store(self.listener.now_ms(), Ordering::Relaxed);
+        self.entry.busy.store(false, Ordering::Relaxed);
+        // A buffer grown for a large data block is not kept by an idle connection.
+        if self.input.is_empty() && self.input.capacity() > 256 << 10 {
+            self.input = BytesMut::with_capacity(16 << 10);
+        }
+        // Part of a command line already read is not yet a command: the stop waits for it.
+        let r = self.read(self.input.is_empty()).await;
+        self.entry.busy.store(true, Ordering::Relaxed);
+        r
+    }
+
+    /// Reads more of the command being run (a data block, the rest of a line): the stop and
+    /// the connection limit leave it alone; the idle timeout still applies.
     pub async fn fill(&mut self) -> Result<(), End> {
         self.flush().await?;
+        self.read(false).await
+    }
+
+    async fn read(&mut self, between: bool) -> Result<(), End> {
         let idle = self.app.settings.idle_timeout;
-        let stopping_idle = *self.shutdown.borrow() && self.input.is_empty();
-        if stopping_idle {
+        if between && *self.shutdown.borrow() && self.input.is_empty() {
             return Err(End::Closed);
         }
-        let between = self.input.is_empty();
-        self.entry.busy.store(!between, Ordering::Relaxed);
         self.input.reserve(16 << 10);
         let (stream, input, entry, shutdown) = (&mut self.stream, &mut self.input, &self.entry, &mut self.shutdown);
         // The idle timeout is checked on the connection's coarse tick, not with a timer armed
@@ -184,7 +202,7 @@ impl Conn {
         let got = loop {
             tokio::select! {
                 r = stream.read_buf(input) => break r.ok().filter(|&n| n > 0),
-                _ = entry.close.notified() => break None,
+                _ = entry.close.notified(), if between => break None,
                 // Between commands, a stop closes the connection; inside one, it finishes.
                 _ = shutdown.changed(), if between => break None,
                 _ = tick.tick(), if !idle.is_zero() => {
@@ -205,22 +223,28 @@ impl Conn {
         }
     }
 
-    /// Writes the answers gathered so far.
+    /// Writes the answers gathered so far. A client that takes none of them for the idle
+    /// timeout, or whose connection is closed for a newcomer, loses the connection.
     pub async fn flush(&mut self) -> Result<(), End> {
         if self.out.is_empty() {
             return Ok(());
         }
         let n = self.out.len();
-        let r = self.out.write_to(&mut self.stream).await;
+        let idle = self.app.settings.idle_timeout;
+        let ok = self.out.write_to(&mut self.stream, idle, &self.entry.close).await.is_ok();
         self.app.memcache.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
-        r.map_err(|_| End::Closed)
+        if ok {
+            self.entry.active_ms.store(self.listener.now_ms(), Ordering::Relaxed);
+            Ok(())
+        } else {
+            Err(End::Closed)
+        }
     }
 
-    /// Writes `bytes` straight to the client, after what was gathered (a large value's piece).
-    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), End> {
-        self.flush().await?;
-        self.app.memcache.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        self.stream.write_all(bytes).await.map_err(|_| End::Closed)
+    /// Writes `bytes` to the client, after what was gathered (a large value's piece).
+    pub async fn send(&mut self, bytes: Bytes) -> Result<(), End> {
+        self.out.value(bytes);
+        self.flush().await
     }
 
     /// Flushes once enough has gathered.
@@ -294,8 +318,9 @@ impl Out {
         self.len() == 0
     }
 
-    /// Writes everything, vectored, and empties the buffer.
-    async fn write_to(&mut self, stream: &mut TcpStream) -> std::io::Result<()> {
+    /// Writes everything, vectored, and empties the buffer. Fails when a write makes no
+    /// progress for `idle` (unless zero), or `close` is notified.
+    async fn write_to(&mut self, stream: &mut TcpStream, idle: Duration, close: &Notify) -> std::io::Result<()> {
         self.seal();
         let (mut i, mut at) = (0, 0);
         let result = loop {
@@ -307,7 +332,17 @@ impl Out {
                 .take(64)
                 .map(std::io::IoSlice::new)
                 .collect();
-            match stream.write_vectored(&slices).await {
+            let write = async {
+                tokio::select! {
+                    r = stream.write_vectored(&slices) => r,
+                    _ = close.notified() => Err(std::io::ErrorKind::ConnectionAborted.into()),
+                }
+            };
+            let written = match idle.is_zero() {
+                true => write.await,
+                false => tokio::time::timeout(idle, write).await.unwrap_or(Err(std::io::ErrorKind::TimedOut.into())),
+            };
+            match written {
                 Ok(0) => break Err(std::io::ErrorKind::WriteZero.into()),
                 Ok(mut n) => {
                     while n > 0 {
