@@ -8,7 +8,7 @@
 //! answer echoes the opcode and opaque. Quiet variants answer only failures (and a quiet get
 //! not even a miss); `noop` flushes the answers of a batch of them.
 
-use super::exec::{contended, expiry, server_error, stream_value, swallow, ROUNDS};
+use super::exec::{contended, expiry, keep, server_error, stream_value, swallow, ROUNDS};
 use super::text::KEY_MAX;
 use super::{Conn, End};
 use crate::api::{blocking, read_body_of, Read};
@@ -296,13 +296,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                         return Ok(Err(NON_NUMERIC));
                     };
                     let cond = [Precondition::StoredAt(v.stored_ms)];
-                    let opts = PutOptions {
-                        expiry: Expiry::of(v.expiry_ms),
-                        flags: v.flags,
-                        content_type: v.content_type.as_deref(),
-                        preconditions: &cond,
-                        ..Default::default()
-                    };
+                    let opts = keep(&v, &cond);
                     match s.put(&k, &bytes, &opts) {
                         Ok(st) => return Ok(Ok((n, st.version.stored_ms))),
                         Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
@@ -360,13 +354,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                     let joined =
                         if append { [&v.data[..], &value].concat() } else { [&value[..], &v.data[..]].concat() };
                     let cond = [Precondition::StoredAt(v.stored_ms)];
-                    let opts = PutOptions {
-                        expiry: Expiry::of(v.expiry_ms),
-                        flags: v.flags,
-                        content_type: v.content_type.as_deref(),
-                        preconditions: &cond,
-                        ..Default::default()
-                    };
+                    let opts = keep(&v, &cond);
                     match s.put(&k, &joined, &opts) {
                         Ok(st) => return Ok(Ok(st.version.stored_ms)),
                         Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,

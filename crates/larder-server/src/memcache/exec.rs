@@ -139,6 +139,18 @@ pub(super) fn contended() -> larder_engine::Error {
     larder_engine::Error::new(ErrorKind::Io, "the key was written by others faster than this command could complete")
 }
 
+/// The write of a read-modify-write (append, incr, …) of the value `v`: on condition that it
+/// is still the one read (`cond`, its store time), keeping its flags, expiry and content type.
+pub(super) fn keep<'a>(v: &'a Value, cond: &'a [Precondition; 1]) -> PutOptions<'a> {
+    PutOptions {
+        expiry: Expiry::of(v.expiry_ms),
+        flags: v.flags,
+        content_type: v.content_type.as_deref(),
+        preconditions: cond,
+        ..Default::default()
+    }
+}
+
 /// memcached's expiry time (0 never; up to 30 days, seconds from now; beyond, a Unix time;
 /// negative, expired at once) as the store's.
 pub(super) fn expiry(exptime: i64) -> Expiry {
@@ -612,14 +624,7 @@ async fn concat(c: &Conn, put: Put, data: Bytes, append: bool) -> larder_engine:
             };
             let v = r.value().clone();
             let cond = [Precondition::StoredAt(v.stored_ms)];
-            let opts = PutOptions {
-                expiry: Expiry::of(v.expiry_ms),
-                flags: v.flags,
-                stale: false,
-                content_type: v.content_type.as_deref(),
-                preconditions: &cond,
-                nonblocking: false,
-            };
+            let opts = keep(&v, &cond);
             let mut w = s.writer(&put.key, &opts)?;
             if !append {
                 w.write(&data)?;
@@ -659,14 +664,7 @@ async fn arith(c: &Conn, key: &[u8], incr: bool, delta: u64) -> Answer {
             };
             let Some((n, bytes)) = text::apply_delta(&v.data, incr, delta) else { return Ok(Done::NotNumeric) };
             let cond = [Precondition::StoredAt(v.stored_ms)];
-            let opts = PutOptions {
-                expiry: Expiry::of(v.expiry_ms),
-                flags: v.flags,
-                stale: false,
-                content_type: v.content_type.as_deref(),
-                preconditions: &cond,
-                nonblocking: false,
-            };
+            let opts = keep(&v, &cond);
             match s.put(&k, &bytes, &opts) {
                 Ok(_) => return Ok(Done::Number(n)),
                 Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,

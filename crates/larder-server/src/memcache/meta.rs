@@ -8,7 +8,7 @@
 //! new value starts afresh, and bounded: an item it forgot reads as never fetched, last
 //! accessed when stored, no token out. The stale mark (`I`) is part of the stored value.
 
-use super::exec::{contended, expiry, put_streamed, server_error, stream_value, swallow, Put, ROUNDS};
+use super::exec::{contended, expiry, keep, put_streamed, server_error, stream_value, swallow, Put, ROUNDS};
 use super::text::{safe_strtol, safe_strtoul, safe_strtoull, KEY_MAX};
 use super::{Conn, End};
 use crate::api::{blocking, read_body_of, Read};
@@ -516,13 +516,7 @@ fn ms_write(
                 }
                 let joined = if m == b'A' { [&v.data[..], &data].concat() } else { [&data[..], &v.data[..]].concat() };
                 let cond = [Precondition::StoredAt(v.stored_ms)];
-                let keep = PutOptions {
-                    expiry: Expiry::of(v.expiry_ms),
-                    flags: v.flags,
-                    content_type: v.content_type.as_deref(),
-                    preconditions: &cond,
-                    ..Default::default()
-                };
+                let keep = keep(&v, &cond);
                 match s.put(&put.key, &joined, &keep) {
                     Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
                     r => return r.map(|st| (st.version.stored_ms, None)),
@@ -549,20 +543,28 @@ fn ms_write(
     }
 }
 
-async fn md(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
+/// The key and flags of `md` or `ma`, or `None` once the error memcached gives is answered.
+fn delete_or_arith_flags<'w>(c: &mut Conn, words: &[&'w [u8]]) -> Option<(Cow<'w, [u8]>, Flags)> {
     if words[1].len() > KEY_MAX {
         error_line(c, "CLIENT_ERROR bad command line format");
-        return Ok(());
+        return None;
     }
     if words.len() + 1 > MAX_WORDS {
         error_line(c, "CLIENT_ERROR options flags too long");
-        return Ok(());
+        return None;
     }
     let mut key = Cow::Borrowed(words[1]);
-    let Ok(f) = preparse(words, 2, &mut key) else {
-        error_line(c, "CLIENT_ERROR invalid or duplicate flag");
-        return Ok(());
-    };
+    match preparse(words, 2, &mut key) {
+        Ok(f) => Some((key, f)),
+        Err(_) => {
+            error_line(c, "CLIENT_ERROR invalid or duplicate flag");
+            None
+        }
+    }
+}
+
+async fn md(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
+    let Some((key, f)) = delete_or_arith_flags(c, words) else { return Ok(()) };
     let mut tail = Vec::new();
     if let Err(e) = echo(&mut tail, &words[2..], &key, f.key_binary) {
         error_line(c, e);
@@ -625,19 +627,7 @@ async fn md(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
 }
 
 async fn ma(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
-    if words[1].len() > KEY_MAX {
-        error_line(c, "CLIENT_ERROR bad command line format");
-        return Ok(());
-    }
-    if words.len() + 1 > MAX_WORDS {
-        error_line(c, "CLIENT_ERROR options flags too long");
-        return Ok(());
-    }
-    let mut key = Cow::Borrowed(words[1]);
-    let Ok(f) = preparse(words, 2, &mut key) else {
-        error_line(c, "CLIENT_ERROR invalid or duplicate flag");
-        return Ok(());
-    };
+    let Some((key, f)) = delete_or_arith_flags(c, words) else { return Ok(()) };
     let incr = match f.mode {
         None | Some(b'I' | b'+') => true,
         Some(b'D' | b'-') => false,
@@ -696,13 +686,7 @@ async fn ma(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
             }
             let Some((n, bytes)) = super::text::apply_delta(&v.data, incr, delta) else { return Ok(Done::NotNumeric) };
             let cond = [Precondition::StoredAt(v.stored_ms)];
-            let opts = PutOptions {
-                expiry: Expiry::of(v.expiry_ms),
-                flags: v.flags,
-                content_type: v.content_type.as_deref(),
-                preconditions: &cond,
-                ..Default::default()
-            };
+            let opts = keep(&v, &cond);
             match s.put(&k, &bytes, &opts) {
                 Ok(stored) => {
                     let v = Value { stored_ms: stored.version.stored_ms, ..v };
