@@ -129,31 +129,8 @@ pub fn run(args: HttpArgs) -> Result<Summary> {
         args,
     });
     let started = Instant::now();
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let ctx = ctx.clone();
-            std::thread::spawn(move || -> Tally {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-                // Connections are runtime tasks, not LocalSet tasks: the scheduler then runs
-                // every ready connection before it polls epoll again (one epoll_wait for many
-                // responses, as wrk does), where a LocalSet polled it once per request.
-                rt.block_on(async move {
-                    let conns: Vec<usize> = (0..ctx.args.connections).filter(|c| c % threads == t).collect();
-                    let tasks: Vec<_> =
-                        conns.into_iter().map(|c| tokio::spawn(connection(ctx.clone(), c as u64))).collect();
-                    let mut tally = Tally::default();
-                    for task in tasks {
-                        tally.merge(&task.await.expect("connection task"));
-                    }
-                    tally
-                })
-            })
-        })
-        .collect();
-    let mut tally = Tally::default();
-    for h in handles {
-        tally.merge(&h.join().expect("loader thread"));
-    }
+    let c = ctx.clone();
+    let tally = drive(threads, ctx.args.connections, move |id| connection(c.clone(), id));
     let w = &ctx.args.workload;
     let label = format!(
         "http {:?} {:?} {} B..{} B on {} keys, {} connections",
@@ -176,6 +153,41 @@ pub fn run(args: HttpArgs) -> Result<Summary> {
         );
     }
     Ok(summary)
+}
+
+/// Runs connections `0..connections` (`conn(id)` each) over `threads` loader threads, each a
+/// single-threaded runtime, and merges what they counted.
+pub fn drive<F, Fut>(threads: usize, connections: usize, conn: F) -> Tally
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Tally> + Send + 'static,
+{
+    let conn = Arc::new(conn);
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let conn = conn.clone();
+            std::thread::spawn(move || -> Tally {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                // Connections are runtime tasks, not LocalSet tasks: the scheduler then runs
+                // every ready connection before it polls epoll again (one epoll_wait for many
+                // responses, as wrk does), where a LocalSet polled it once per request.
+                rt.block_on(async move {
+                    let ids = (0..connections).filter(|c| c % threads == t);
+                    let tasks: Vec<_> = ids.map(|c| tokio::spawn(conn(c as u64))).collect();
+                    let mut tally = Tally::default();
+                    for task in tasks {
+                        tally.merge(&task.await.expect("connection task"));
+                    }
+                    tally
+                })
+            })
+        })
+        .collect();
+    let mut tally = Tally::default();
+    for h in handles {
+        tally.merge(&h.join().expect("loader thread"));
+    }
+    tally
 }
 
 /// One keep-alive connection's request loop.

@@ -111,28 +111,8 @@ pub fn run(args: MemcacheArgs) -> Result<Summary> {
         args,
     });
     let started = Instant::now();
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let ctx = ctx.clone();
-            std::thread::spawn(move || -> Tally {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-                rt.block_on(async move {
-                    let conns: Vec<usize> = (0..ctx.args.connections).filter(|c| c % threads == t).collect();
-                    let tasks: Vec<_> =
-                        conns.into_iter().map(|c| tokio::spawn(connection(ctx.clone(), c as u64))).collect();
-                    let mut tally = Tally::default();
-                    for task in tasks {
-                        tally.merge(&task.await.expect("connection task"));
-                    }
-                    tally
-                })
-            })
-        })
-        .collect();
-    let mut tally = Tally::default();
-    for h in handles {
-        tally.merge(&h.join().expect("loader thread"));
-    }
+    let c = ctx.clone();
+    let tally = crate::http::drive(threads, ctx.args.connections, move |id| connection(c.clone(), id));
     let a = &ctx.args;
     let w = &a.workload;
     let label = format!(
