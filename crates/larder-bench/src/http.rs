@@ -136,19 +136,25 @@ pub fn run(args: HttpArgs) -> Result<Summary> {
         "http {:?} {:?} {} B..{} B on {} keys, {} connections",
         w.workload, w.distribution, w.value_size.min, w.value_size.max, w.keys, ctx.args.connections
     );
-    let summary = tally.summary(&label, started.elapsed());
-    if !ctx.args.quiet {
+    let a = &ctx.args;
+    report(tally.summary(&label, started.elapsed()), a.quiet, a.json.as_deref(), a.max_error_ratio)
+}
+
+/// Prints a run's summary (unless `quiet`), writes it as JSON if asked, and fails the run when
+/// more than `max_error_ratio` of its requests failed.
+pub fn report(summary: Summary, quiet: bool, json: Option<&std::path::Path>, max_error_ratio: f64) -> Result<Summary> {
+    if !quiet {
         summary.print();
     }
-    if let Some(path) = &ctx.args.json {
+    if let Some(path) = json {
         std::fs::write(path, serde_json::to_vec_pretty(&summary)?).with_context(|| format!("writing {path:?}"))?;
     }
-    if summary.error_ratio > ctx.args.max_error_ratio {
+    if summary.error_ratio > max_error_ratio {
         bail!(
             "{} of {} requests failed (more than {:.2}%): {:?}",
             summary.errors,
             summary.requests,
-            ctx.args.max_error_ratio * 100.0,
+            max_error_ratio * 100.0,
             summary.failures
         );
     }

@@ -119,23 +119,7 @@ pub fn run(args: MemcacheArgs) -> Result<Summary> {
         "memcache {:?} {:?} {} B..{} B on {} keys, {} connections x {} in flight",
         w.workload, w.distribution, w.value_size.min, w.value_size.max, w.keys, a.connections, a.pipeline
     );
-    let summary = tally.summary(&label, started.elapsed());
-    if !a.quiet {
-        summary.print();
-    }
-    if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&summary)?).with_context(|| format!("writing {path:?}"))?;
-    }
-    if summary.error_ratio > a.max_error_ratio {
-        bail!(
-            "{} of {} requests failed (more than {:.2}%): {:?}",
-            summary.errors,
-            summary.requests,
-            a.max_error_ratio * 100.0,
-            summary.failures
-        );
-    }
-    Ok(summary)
+    crate::http::report(tally.summary(&label, started.elapsed()), a.quiet, a.json.as_deref(), a.max_error_ratio)
 }
 
 /// One connection: batches of `--pipeline` requests, each batch's answers read in order.

@@ -714,7 +714,7 @@ pub(super) async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
         Some(b"items" | b"slabs" | b"sizes" | b"conns" | b"extstore") => return "END\r\n".into(),
         Some(_) => return "ERROR\r\n".into(),
     }
-    let s = blocking(&c.app, |s| Ok(s.stats())).await.unwrap_or_else(|_| store.stats());
+    let Ok(s) = blocking(&c.app, |s| Ok(s.stats())).await else { return "SERVER_ERROR stats unavailable\r\n".into() };
     let now = now_ms();
     let gets = ["get", "gets", "gat", "gats"];
     let mut out = String::new();
