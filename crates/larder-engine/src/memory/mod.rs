@@ -59,23 +59,74 @@ fn weight(key: &[u8], c: &Cached) -> usize {
     key.len() + c.data.len() + c.content_type.as_ref().map_or(0, |t| t.len()) + ENTRY_OVERHEAD
 }
 
-// foyer's weighter is a `Fn(&K, &V)`, and K is `Box<[u8]>`.
-#[allow(clippy::borrowed_box)]
-fn foyer_weight(key: &Box<[u8]>, c: &Cached) -> usize {
-    weight(key, c)
+fn foyer_weight(key: &MemKey, c: &Cached) -> usize {
+    weight(key.as_slice(), c)
 }
 
 #[derive(Clone)]
 struct ClockWeight;
-impl quick_cache::Weighter<Box<[u8]>, Cached> for ClockWeight {
-    fn weight(&self, key: &Box<[u8]>, c: &Cached) -> u64 {
-        weight(key, c) as u64
+impl quick_cache::Weighter<MemKey, Cached> for ClockWeight {
+    fn weight(&self, key: &MemKey, c: &Cached) -> u64 {
+        weight(key.as_slice(), c) as u64
     }
 }
 
 enum Backend {
-    Clock(quick_cache::sync::Cache<Box<[u8]>, Cached, ClockWeight>),
-    Foyer(foyer_memory::Cache<Box<[u8]>, Cached>),
+    Clock(quick_cache::sync::Cache<MemKey, Cached, ClockWeight>),
+    Foyer(foyer_memory::Cache<MemKey, Cached>),
+}
+
+/// Keys up to this long are held inline in the cache's entry.
+const INLINE_KEY: usize = 46;
+
+/// A key as the memory tier holds it. A lookup compares the key it finds in the cache's entry
+/// with the one asked for; a short key held inline is compared in the entry's own cache lines,
+/// where a boxed one costs one more cache miss on every hit (measured: a tenth of a get's
+/// CPU served from memory over the memcached protocol). Longer keys are boxed.
+#[derive(Clone)]
+enum MemKey {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Boxed(Box<[u8]>),
+}
+
+impl MemKey {
+    fn new(key: &[u8]) -> MemKey {
+        if key.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..key.len()].copy_from_slice(key);
+            MemKey::Inline { len: key.len() as u8, bytes }
+        } else {
+            MemKey::Boxed(key.into())
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            MemKey::Inline { len, bytes } => &bytes[..*len as usize],
+            MemKey::Boxed(b) => b,
+        }
+    }
+}
+
+// Lookups are by `&[u8]`: `Borrow` requires that equality and hashing agree with the slice's.
+impl std::borrow::Borrow<[u8]> for MemKey {
+    fn borrow(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl PartialEq for MemKey {
+    fn eq(&self, other: &MemKey) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for MemKey {}
+
+impl std::hash::Hash for MemKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state)
+    }
 }
 
 const STRIPES: usize = 1024;
@@ -161,7 +212,7 @@ impl Memory {
     pub fn reconcile(&self, hash: u64, key: &[u8], offer: Option<Cached>, current: impl FnOnce() -> bool) -> Settled {
         let _g = self.stripe(hash).lock();
         if let Some(value) = offer.filter(|_| current()) {
-            let key: Box<[u8]> = key.into();
+            let key = MemKey::new(key);
             match &self.backend {
                 Backend::Clock(c) => c.insert(key, value),
                 Backend::Foyer(c) => {
@@ -296,6 +347,42 @@ mod tests {
         assert!(a.tracked() <= per_shard);
         assert!(!a.count(0, 6, 1), "the oldest key was forgotten, so this is its first read again");
         assert!(a.count(per_shard * ADMISSION_SHARDS as u64, 6, 1), "the newest key was remembered");
+    }
+
+    #[test]
+    fn keys_inline_and_boxed_look_up_alike() {
+        use std::hash::BuildHasher;
+        let h = std::collections::hash_map::RandomState::new();
+        for len in [0, 1, INLINE_KEY - 1, INLINE_KEY, INLINE_KEY + 1, 250] {
+            let key: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let k = MemKey::new(&key);
+            assert_eq!(matches!(k, MemKey::Inline { .. }), len <= INLINE_KEY);
+            assert_eq!(k.as_slice(), &key[..]);
+            assert_eq!(h.hash_one(&k), h.hash_one(&key[..]), "hashes as the slice does");
+        }
+        assert_eq!(std::mem::size_of::<MemKey>(), 48);
+        let c = Cached {
+            data: Bytes::from_static(b"v"),
+            position: Position { volume: 0, offset: 0, size: 1 },
+            stored_ms: 1,
+            expiry_ms: 0,
+            crc: 0,
+            content_type: None,
+            flags: 0,
+            stale: false,
+        };
+        let long = [7u8; 200];
+        for (eviction, _) in Eviction::ALL {
+            let m = Memory::new(&MemoryConfig { capacity: 1 << 20, eviction, ..Default::default() }).unwrap();
+            for key in [&b"short"[..], &long[..]] {
+                assert!(matches!(m.reconcile(1, key, Some(c.clone()), || true), Settled::Stored));
+                assert_eq!(m.get(key).map(|c| c.data), Some(Bytes::from_static(b"v")));
+                assert!(m.contains(key));
+            }
+            assert!(m.get(&long[..199]).is_none());
+            m.forget(1, b"short");
+            assert!(!m.contains(b"short"));
+        }
     }
 
     #[test]
