@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 
 pub use exec::Counters;
@@ -44,7 +44,19 @@ struct Entry {
     active_ms: AtomicU64,
     /// Inside a command (a data block being read, an answer being written).
     busy: AtomicBool,
-    close: Notify,
+    /// Asks the connection to close once it is between commands (a stop, a newcomer past the
+    /// limit, the idle timeout). A one-shot channel: the connection polls it on every wait
+    /// for the client, and a poll that finds it unchanged is a few atomic reads, where a
+    /// `Notify` takes a lock to register and another to leave.
+    close: Mutex<Option<oneshot::Sender<()>>>,
+}
+
+impl Entry {
+    fn close(&self) {
+        if let Some(tx) = self.close.lock().take() {
+            let _ = tx.send(());
+        }
+    }
 }
 
 /// One memcached listener and its connections.
@@ -52,16 +64,22 @@ pub struct Listener {
     app: Arc<App>,
     registry: Mutex<Registry>,
     epoch: Instant,
+    /// Milliseconds since `epoch`, kept by the accept loop every [`CLOCK_TICK`]: connections
+    /// note their activity several times per command, and only for timeouts of a second or
+    /// more, so they read this rather than the clock.
+    clock_ms: AtomicU64,
 }
+
+const CLOCK_TICK: Duration = Duration::from_millis(20);
 
 impl Listener {
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        self.clock_ms.load(Ordering::Relaxed)
     }
 
     /// Registers a new connection, closing the longest-quiet idle one if the limit is reached;
     /// `None` when every connection is busy.
-    fn admit(&self) -> Option<(u64, Arc<Entry>)> {
+    fn admit(&self) -> Option<(u64, Arc<Entry>, oneshot::Receiver<()>)> {
         let mut r = self.registry.lock();
         if r.open.len() >= self.app.settings.max_connections {
             let now = self.now_ms();
@@ -75,17 +93,29 @@ impl Listener {
                 .min_by_key(|(_, e)| e.active_ms.load(Ordering::Relaxed))
                 .map(|(id, _)| *id);
             let e = r.open.remove(&victim?)?;
-            e.close.notify_one();
+            e.close();
         }
+        let (tx, rx) = oneshot::channel();
         let entry = Arc::new(Entry {
             active_ms: AtomicU64::new(self.now_ms()),
             busy: AtomicBool::new(false),
-            close: Notify::new(),
+            close: Mutex::new(Some(tx)),
         });
         let id = r.next_id;
         r.next_id += 1;
         r.open.insert(id, entry.clone());
-        Some((id, entry))
+        Some((id, entry, rx))
+    }
+
+    /// Closes the connections that have waited between commands for longer than `idle`.
+    fn close_idle(&self, idle: Duration) {
+        let now = self.now_ms();
+        for e in self.registry.lock().open.values() {
+            let quiet = now.saturating_sub(e.active_ms.load(Ordering::Relaxed));
+            if !e.busy.load(Ordering::Relaxed) && quiet >= idle.as_millis() as u64 {
+                e.close();
+            }
+        }
     }
 }
 
@@ -101,16 +131,32 @@ pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
 /// Accepts memcached connections until `shutdown`; then lets each finish the commands it has
 /// read and closes it, waiting for them up to `--shutdown-timeout`.
 pub async fn run(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
-    let l = Arc::new(Listener { app: app.clone(), registry: Mutex::new(Registry::default()), epoch: Instant::now() });
+    let l = Arc::new(Listener {
+        app: app.clone(),
+        registry: Mutex::new(Registry::default()),
+        epoch: Instant::now(),
+        clock_ms: AtomicU64::new(0),
+    });
     let mut conns = JoinSet::new();
+    let mut clock = tokio::time::interval(CLOCK_TICK);
+    clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The idle timeout between commands is enforced from here, a few times per timeout, so
+    // that a connection arms no timer for each wait. Inside a command, the connection's own
+    // read times out (see `Conn::fill`).
+    let idle = app.settings.idle_timeout;
+    let period = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let mut scan = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = clock.tick() => l.clock_ms.store(l.epoch.elapsed().as_millis() as u64, Ordering::Relaxed),
+            _ = scan.tick(), if !idle.is_zero() => l.close_idle(idle),
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     app.memcache.total_connections.fetch_add(1, Ordering::Relaxed);
                     match l.admit() {
-                        Some((id, entry)) => {
-                            conns.spawn(serve(l.clone(), stream, shutdown.clone(), id, entry));
+                        Some((id, entry, close)) => {
+                            conns.spawn(serve(l.clone(), stream, close, id, entry));
                         }
                         None => {
                             app.memcache.rejected_connections.fetch_add(1, Ordering::Relaxed);
@@ -128,6 +174,10 @@ pub async fn run(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Rece
         }
     }
     drop(listener);
+    // Each connection finishes the commands it has read, then closes.
+    for e in l.registry.lock().open.values() {
+        e.close();
+    }
     let limit = app.settings.shutdown_timeout;
     if tokio::time::timeout(limit, async { while conns.join_next().await.is_some() {} }).await.is_err() {
         tracing::warn!(left = conns.len(), "memcached connections still busy after {limit:?}; closing them");
@@ -159,9 +209,8 @@ pub(crate) struct Conn {
     pub out: Out,
     entry: Arc<Entry>,
     listener: Arc<Listener>,
-    shutdown: watch::Receiver<bool>,
-    /// Ticks a few times per idle timeout, to check it.
-    tick: tokio::time::Interval,
+    /// Fires when the connection is asked to close between commands; `None` once it has.
+    close: Option<oneshot::Receiver<()>>,
 }
 
 impl Conn {
@@ -190,28 +239,39 @@ impl Conn {
     }
 
     async fn read(&mut self, between: bool) -> Result<(), End> {
-        let idle = self.app.settings.idle_timeout;
-        if between && *self.shutdown.borrow() && self.input.is_empty() {
+        // Between commands, a close (a stop, a newcomer, the idle timeout) ends the connection;
+        // inside one, the command finishes first.
+        if between && self.close.is_none() {
             return Err(End::Closed);
         }
         self.input.reserve(16 << 10);
-        let (stream, input, entry, shutdown) = (&mut self.stream, &mut self.input, &self.entry, &mut self.shutdown);
-        // The idle timeout is checked on the connection's coarse tick, not with a timer armed
-        // for every read.
-        let (tick, l) = (&mut self.tick, &self.listener);
-        let got = loop {
+        let (stream, input, close) = (&mut self.stream, &mut self.input, &mut self.close);
+        let got = if between {
+            let asked = close.as_mut().expect("checked above");
             tokio::select! {
-                r = stream.read_buf(input) => break r.ok().filter(|&n| n > 0),
-                _ = entry.close.notified(), if between => break None,
-                // Between commands, a stop closes the connection; inside one, it finishes.
-                _ = shutdown.changed(), if between => break None,
-                _ = tick.tick(), if !idle.is_zero() => {
-                    let quiet = l.now_ms().saturating_sub(entry.active_ms.load(Ordering::Relaxed));
-                    if quiet >= idle.as_millis() as u64 {
-                        break None;
-                    }
-                }
+                biased;
+                _ = asked => None,
+                r = stream.read_buf(input) => r.ok().filter(|&n| n > 0),
             }
+        } else {
+            // Waiting for the rest of a command: the idle timeout counts from the last byte
+            // read, and a close asked meanwhile is kept for the next wait between commands.
+            let idle = self.app.settings.idle_timeout;
+            let read = async {
+                if let Some(asked) = close.as_mut() {
+                    tokio::select! {
+                        r = stream.read_buf(input) => return r,
+                        _ = asked => {}
+                    }
+                    *close = None;
+                }
+                stream.read_buf(input).await
+            };
+            match idle.is_zero() {
+                true => read.await.ok(),
+                false => tokio::time::timeout(idle, read).await.ok().and_then(|r| r.ok()),
+            }
+            .filter(|&n| n > 0)
         };
         match got {
             Some(n) => {
@@ -231,7 +291,7 @@ impl Conn {
         }
         let n = self.out.len();
         let idle = self.app.settings.idle_timeout;
-        let ok = self.out.write_to(&mut self.stream, idle, &self.entry.close).await.is_ok();
+        let ok = self.out.write_to(&mut self.stream, idle).await.is_ok();
         self.app.memcache.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
         if ok {
             self.entry.active_ms.store(self.listener.now_ms(), Ordering::Relaxed);
@@ -319,28 +379,35 @@ impl Out {
     }
 
     /// Writes everything, vectored, and empties the buffer. Fails when a write makes no
-    /// progress for `idle` (unless zero), or `close` is notified.
-    async fn write_to(&mut self, stream: &mut TcpStream, idle: Duration, close: &Notify) -> std::io::Result<()> {
+    /// progress for `idle` (unless zero).
+    async fn write_to(&mut self, stream: &mut TcpStream, idle: Duration) -> std::io::Result<()> {
         self.seal();
         let (mut i, mut at) = (0, 0);
         let result = loop {
             if i == self.segs.len() {
                 break Ok(());
             }
-            let slices: Vec<std::io::IoSlice<'_>> = std::iter::once(&self.segs[i][at..])
-                .chain(self.segs[i + 1..].iter().map(|s| &s[..]))
-                .take(64)
-                .map(std::io::IoSlice::new)
-                .collect();
-            let write = async {
-                tokio::select! {
-                    r = stream.write_vectored(&slices) => r,
-                    _ = close.notified() => Err(std::io::ErrorKind::ConnectionAborted.into()),
+            let mut slices = [std::io::IoSlice::new(&[]); 64];
+            let parts = std::iter::once(&self.segs[i][at..]).chain(self.segs[i + 1..].iter().map(|s| &s[..]));
+            let mut k = 0;
+            for (slot, part) in slices.iter_mut().zip(parts) {
+                *slot = std::io::IoSlice::new(part);
+                k += 1;
+            }
+            let slices = &slices[..k];
+            // Most answers fit in the socket's buffer: try the write at once, and arm the
+            // timer only when it would wait.
+            let written = match stream.try_write_vectored(slices) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let write = stream.write_vectored(slices);
+                    match idle.is_zero() {
+                        true => write.await,
+                        false => {
+                            tokio::time::timeout(idle, write).await.unwrap_or(Err(std::io::ErrorKind::TimedOut.into()))
+                        }
+                    }
                 }
-            };
-            let written = match idle.is_zero() {
-                true => write.await,
-                false => tokio::time::timeout(idle, write).await.unwrap_or(Err(std::io::ErrorKind::TimedOut.into())),
+                r => r,
             };
             match written {
                 Ok(0) => break Err(std::io::ErrorKind::WriteZero.into()),
@@ -370,23 +437,18 @@ impl Out {
 
 /// Serves one connection: commands are read, run in order and answered; answers to
 /// pipelined commands go out in one write once no complete command is left to run.
-async fn serve(l: Arc<Listener>, stream: TcpStream, shutdown: watch::Receiver<bool>, id: u64, entry: Arc<Entry>) {
+async fn serve(l: Arc<Listener>, stream: TcpStream, close: oneshot::Receiver<()>, id: u64, entry: Arc<Entry>) {
     let _ = stream.set_nodelay(true);
     let app = l.app.clone();
     app.memcache.curr_connections.fetch_add(1, Ordering::Relaxed);
-    let idle = app.settings.idle_timeout;
-    let period = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut c = Conn {
-        tick,
         app: app.clone(),
         stream,
         input: BytesMut::with_capacity(16 << 10),
         out: Out::default(),
         entry,
         listener: l.clone(),
-        shutdown,
+        close: Some(close),
     };
     let _ = exec::session(&mut c).await;
     let _ = c.flush().await;
