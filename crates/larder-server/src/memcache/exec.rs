@@ -411,12 +411,17 @@ async fn get(c: &mut Conn, store: &Store, keys: &[&[u8]], cas: bool, touch: Opti
 }
 
 fn value_line(out: &mut bytes::BytesMut, key: &[u8], v: &Value, cas: bool) {
-    use std::fmt::Write;
+    // itoa rather than `write!`: this line is built for every value a get answers.
+    let mut n = itoa::Buffer::new();
     out.extend_from_slice(b"VALUE ");
     out.extend_from_slice(key);
-    let _ = write!(out, " {} {}", v.flags, v.len);
+    out.extend_from_slice(b" ");
+    out.extend_from_slice(n.format(v.flags).as_bytes());
+    out.extend_from_slice(b" ");
+    out.extend_from_slice(n.format(v.len).as_bytes());
     if cas {
-        let _ = write!(out, " {}", v.stored_ms);
+        out.extend_from_slice(b" ");
+        out.extend_from_slice(n.format(v.stored_ms).as_bytes());
     }
     out.extend_from_slice(b"\r\n");
 }

@@ -387,7 +387,7 @@ impl Out {
             if i == self.segs.len() {
                 break Ok(());
             }
-            let mut slices = [std::io::IoSlice::new(&[]); 64];
+            let mut slices = [std::io::IoSlice::new(&[]); 16];
             let parts = std::iter::once(&self.segs[i][at..]).chain(self.segs[i + 1..].iter().map(|s| &s[..]));
             let mut k = 0;
             for (slot, part) in slices.iter_mut().zip(parts) {
