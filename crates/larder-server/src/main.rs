@@ -19,22 +19,25 @@ mod routes;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-/// jemalloc rather than glibc's allocator, measured build against build (`bench/builds-ab.sh`,
-/// BENCHMARKS.md "The allocator"): 4 KiB GETs from the memory tier 1.16x the requests at 0.86x
-/// the CPU, 1 MiB PUTs 1.08x at 0.88x, the rest within 3%. A 4 KiB value in the memory tier is
-/// page-aligned in jemalloc's 4 KiB size class, where glibc's chunk header shifts it across
-/// two pages for the send to walk.
+/// jemalloc rather than glibc's allocator, measured build against build with the settings
+/// below (`bench/builds-ab.sh`, BENCHMARKS.md "The allocator"): 4 KiB GETs from the memory
+/// tier 1.07x the requests at 0.93x the CPU, 1 MiB PUTs 1.15x at 0.83x, the rest within 3%;
+/// in-RAM gets over the memcached protocol moved from 0.88-0.94x memcached's to parity. A
+/// 4 KiB value in the memory tier is page-aligned in jemalloc's 4 KiB size class, where
+/// glibc's chunk header shifts it across two pages: the send's copy of it fell from 1.7 to
+/// 1.1 µs per get in the profiles.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// One arena per CPU rather than four, each thread using its CPU's, and freed pages given
-/// back after about 100 ms rather than 10 s: request bodies and large values come and go in
-/// buffers on many threads, and the body budget promises that they bound resident memory.
-/// Measured with the thousand slow uploads of `tests/body_memory.rs` (64 MiB budget): peaks of
-/// 101 and 111 MiB with jemalloc's defaults, 76, 84 and 86 MiB with these, 58 and 77 MiB with glibc;
-/// the throughputs above are with these. `_RJEM_MALLOC_CONF` in the environment overrides it.
+/// Freed pages given back after about 100 ms rather than jemalloc's 10 s: request bodies and
+/// large values come and go in buffers on many threads, and the body budget promises that they
+/// bound resident memory. Measured with the thousand slow uploads of `tests/body_memory.rs`
+/// (64 MiB budget): peaks of 76 to 86 MiB in five runs with this, 101 and 111 MiB with
+/// jemalloc's defaults, 58 and 77 MiB with glibc. Giving pages back at once costs GETs of
+/// 64 KiB half again their CPU (each buffer is faulted in anew). The figures above are with
+/// this. `_RJEM_MALLOC_CONF` in the environment overrides it.
 #[export_name = "_rjem_malloc_conf"]
-static JEMALLOC_CONF: &[u8; 39] = b"percpu_arena:percpu,dirty_decay_ms:100\0";
+static JEMALLOC_CONF: &[u8; 19] = b"dirty_decay_ms:100\0";
 
 /// larder: a key-value cache server for huge numbers of small files and blobs.
 #[derive(Parser, Debug)]
