@@ -148,6 +148,23 @@ fn row(runs: &[McRun], part: &str, server: &str) -> (f64, f64, f64, f64, f64, f6
     )
 }
 
+/// Medians of the per-round ratios larder/memcached (get/s, CPU per get) of a part: each
+/// larder run against the memcached run right after it. On a machine whose speed drifts
+/// between rounds, a pair run seconds apart shares the drift that the medians of each server
+/// taken apart do not.
+fn paired(runs: &[McRun], part: &str) -> (f64, f64) {
+    let of = |server: &str| -> Vec<&McRun> { runs.iter().filter(|r| r.part == part && r.server == server).collect() };
+    let (l, m) = (of("larder"), of("memcached"));
+    let pairs: Vec<(f64, f64)> = l
+        .iter()
+        .filter_map(|a| {
+            let b = m.iter().find(|b| b.round == a.round)?;
+            Some((a.summary.req_per_s / b.summary.req_per_s.max(1e-9), a.cpu_us_per_op / b.cpu_us_per_op.max(1e-9)))
+        })
+        .collect();
+    (median(pairs.iter().map(|p| p.0).collect()), median(pairs.iter().map(|p| p.1).collect()))
+}
+
 pub fn run_in(a: &CompareArgs, dir: &Path, machine: &str) -> Result<(String, serde_json::Value)> {
     let mut runs: Vec<McRun> = Vec::new();
     let mut md = format!(
@@ -181,8 +198,9 @@ pub fn run_in(a: &CompareArgs, dir: &Path, machine: &str) -> Result<(String, ser
         "**In RAM**: {RAM_KEYS} keys of 4 KiB, uniform gets (memcached `-m 1024 -t 1`; larder `--memory-capacity 1GiB --promote-after 1`, every key read once before).\n\n\
          | server | get/s (min–max) | p50 / p99 ms | server CPU µs/get |\n|---|---|---|---|\n\
          | larder | {:.0} ({:.0}–{:.0}) | {:.2} / {:.2} | {:.1} |\n| memcached | {:.0} ({:.0}–{:.0}) | {:.2} / {:.2} | {:.1} |\n\n\
-         larder/memcached: {:.2}× get/s, {:.2}× CPU per get.\n\n",
-        l.0, l.1, l.2, l.3, l.4, l.5, m.0, m.1, m.2, m.3, m.4, m.5, l.0 / m.0.max(1e-9), l.5 / m.5.max(1e-9)
+         larder/memcached: {:.2}× get/s, {:.2}× CPU per get (medians of each); round by round, medians of the ratios: {:.2}× get/s, {:.2}× CPU per get.\n\n",
+        l.0, l.1, l.2, l.3, l.4, l.5, m.0, m.1, m.2, m.3, m.4, m.5, l.0 / m.0.max(1e-9), l.5 / m.5.max(1e-9),
+        paired(&runs, "ram").0, paired(&runs, "ram").1
     ));
     }
     if !want("disk") {
@@ -242,9 +260,11 @@ pub fn run_in(a: &CompareArgs, dir: &Path, machine: &str) -> Result<(String, ser
         ));
     }
     md.push_str(&format!(
-        "\nlarder/memcached over those keys: {:.2}× get/s, {:.2}× CPU per get.\n",
+        "\nlarder/memcached over those keys: {:.2}× get/s, {:.2}× CPU per get (medians of each); round by round, medians of the ratios: {:.2}× get/s, {:.2}× CPU per get.\n",
         l.0 / m.0.max(1e-9),
-        l.5 / m.5.max(1e-9)
+        l.5 / m.5.max(1e-9),
+        paired(&runs, "disk").0,
+        paired(&runs, "disk").1
     ));
     Ok((md, serde_json::to_value(&runs)?))
 }
