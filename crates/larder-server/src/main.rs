@@ -29,8 +29,9 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// Freed pages given back after about 100 ms rather than jemalloc's 10 s: request bodies and
-/// large values come and go in buffers on many threads, and the body budget promises that they
+/// Freed pages given back once unused for about 100 ms rather than jemalloc's 10 s (checked
+/// as each arena is next used; there is no background thread): request bodies and large
+/// values come and go in buffers on many threads, and the body budget promises that they
 /// bound resident memory. Measured with the thousand slow uploads of `tests/body_memory.rs`
 /// (64 MiB budget): peaks of 76 to 86 MiB in five runs with this, 101 and 111 MiB with
 /// jemalloc's defaults, 58 and 77 MiB with glibc. Giving pages back at once costs GETs of

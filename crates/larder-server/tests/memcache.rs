@@ -376,6 +376,15 @@ fn a_connection_inside_a_data_block_is_not_closed_for_a_newcomer_and_a_client_th
     assert!(newcomer.ask(b"version\r\n", "\r\n").starts_with("VERSION"));
     assert!(idle.closed(), "the idle connection made room");
     assert_eq!(busy.ask(b"67890\r\n", "\r\n"), "STORED\r\n", "the one inside a data block was left alone");
+    // Half a command line is inside a command too: with one buffered on each connection,
+    // quiet for over a second, a newcomer past the limit is refused rather than making room.
+    busy.0.write_all(b"get k").unwrap();
+    newcomer.0.write_all(b"ge").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut refused = Mc::connect(&s);
+    assert_eq!(refused.ask(b"version\r\n", "\r\n"), "ERROR Too many open connections\r\n");
+    assert_eq!(busy.ask(b"1\r\n", "END\r\n"), "VALUE k1 0 10\r\n1234567890\r\nEND\r\n");
+    assert_eq!(newcomer.ask(b"t k1\r\n", "END\r\n"), "VALUE k1 0 10\r\n1234567890\r\nEND\r\n");
     drop(newcomer);
     drop(busy);
     // A client that asks for a large value over and over and reads none of it is closed

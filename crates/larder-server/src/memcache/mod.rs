@@ -65,8 +65,8 @@ pub struct Listener {
     registry: Mutex<Registry>,
     epoch: Instant,
     /// Milliseconds since `epoch`, kept by the accept loop every [`CLOCK_TICK`]: connections
-    /// note their activity several times per command, and only for timeouts of a second or
-    /// more, so they read this rather than the clock.
+    /// note their activity several times per command, for timeouts that are checked every
+    /// 100 ms at the finest, so they read this rather than the clock.
     clock_ms: AtomicU64,
 }
 
@@ -88,7 +88,8 @@ impl Listener {
                 .open
                 .iter()
                 .filter(|(_, e)| {
-                    !e.busy.load(Ordering::Relaxed) && now.saturating_sub(e.active_ms.load(Ordering::Relaxed)) >= quiet
+                    // `busy` first: a connection stores its activity, then `busy` (Release).
+                    !e.busy.load(Ordering::Acquire) && now.saturating_sub(e.active_ms.load(Ordering::Relaxed)) >= quiet
                 })
                 .min_by_key(|(_, e)| e.active_ms.load(Ordering::Relaxed))
                 .map(|(id, _)| *id);
@@ -111,8 +112,13 @@ impl Listener {
     fn close_idle(&self, idle: Duration) {
         let now = self.now_ms();
         for e in self.registry.lock().open.values() {
+            // `busy` first, then the activity stored before it: a connection that has just
+            // finished a long command is not seen idle with its old activity time.
+            if e.busy.load(Ordering::Acquire) {
+                continue;
+            }
             let quiet = now.saturating_sub(e.active_ms.load(Ordering::Relaxed));
-            if !e.busy.load(Ordering::Relaxed) && quiet >= idle.as_millis() as u64 {
+            if quiet >= idle.as_millis() as u64 {
                 e.close();
             }
         }
@@ -220,13 +226,18 @@ impl Conn {
     pub async fn next_command(&mut self) -> Result<(), End> {
         self.flush().await?;
         self.entry.active_ms.store(self.listener.now_ms(), Ordering::Relaxed);
-        self.entry.busy.store(false, Ordering::Relaxed);
+        // Part of a command line already read counts as being inside a command: the stop, the
+        // connection limit and the idle scan leave it alone, and the read's own idle timeout
+        // applies.
+        let between = self.input.is_empty();
+        if between {
+            self.entry.busy.store(false, Ordering::Release);
+        }
         // A buffer grown for a large data block is not kept by an idle connection.
-        if self.input.is_empty() && self.input.capacity() > 256 << 10 {
+        if between && self.input.capacity() > 256 << 10 {
             self.input = BytesMut::with_capacity(16 << 10);
         }
-        // Part of a command line already read is not yet a command: the stop waits for it.
-        let r = self.read(self.input.is_empty()).await;
+        let r = self.read(between).await;
         self.entry.busy.store(true, Ordering::Relaxed);
         r
     }
@@ -250,7 +261,10 @@ impl Conn {
             let asked = close.as_mut().expect("checked above");
             tokio::select! {
                 biased;
-                _ = asked => None,
+                _ = asked => {
+                    *close = None;
+                    None
+                }
                 r = stream.read_buf(input) => r.ok().filter(|&n| n > 0),
             }
         } else {
@@ -284,7 +298,7 @@ impl Conn {
     }
 
     /// Writes the answers gathered so far. A client that takes none of them for the idle
-    /// timeout, or whose connection is closed for a newcomer, loses the connection.
+    /// timeout loses the connection (a close asked meanwhile waits for the next command).
     pub async fn flush(&mut self) -> Result<(), End> {
         if self.out.is_empty() {
             return Ok(());
