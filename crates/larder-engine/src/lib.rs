@@ -48,12 +48,12 @@ pub mod check;
 pub use clock::now_ms;
 pub use config::{Eviction, FsyncPolicy, MemoryConfig, StoreConfig, MIN_VOLUME_SIZE};
 pub use error::{Error, ErrorKind, Result};
-pub use format::meta::MAX_CONTENT_TYPE;
+pub use format::meta::{MAX_ATTRS, MAX_CONTENT_TYPE};
 pub use format::record::MAX_KEY_LEN;
 pub use io::{faults, FileIo};
 pub use stats::{DirState, DirStats, RecoveryProgress, RecoveryReport, Stats};
 pub use store::{Store, ValueReader, ValueWriter};
 pub use types::{
     unmet, ByteRange, DeleteOptions, Expiry, Part, Position, Precondition, PutOptions, ReadOptions, Stored, Tier,
-    Value, Version,
+    Touch, Value, Version,
 };

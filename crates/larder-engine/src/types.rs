@@ -139,6 +139,9 @@ pub struct PutOptions<'a> {
     pub stale: bool,
     /// Media type stored with the value (at most `MAX_CONTENT_TYPE` bytes).
     pub content_type: Option<&'a [u8]>,
+    /// Application attributes stored with the value and returned with it, opaque to the
+    /// engine (at most `MAX_ATTRS` bytes): read-through mode keeps a response's headers here.
+    pub attrs: Option<&'a [u8]>,
     /// All must hold, or the put fails with `ErrorKind::PreconditionFailed` and stores nothing.
     pub preconditions: &'a [Precondition],
     /// Fail with `ErrorKind::WouldBlock`, having written nothing, where the put would wait:
@@ -147,6 +150,17 @@ pub struct PutOptions<'a> {
     /// record is not in the page cache. An async caller runs the quick common case inline
     /// and moves only the rest to a blocking thread.
     pub nonblocking: bool,
+}
+
+/// What [`crate::Store::update`] changes in a stored value; its bytes and version stay.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Touch<'a> {
+    /// The new expiry.
+    pub expiry: Expiry,
+    /// New attributes: `Some(None)` removes them, `None` keeps them.
+    pub attrs: Option<Option<&'a [u8]>>,
+    /// Change only the value stored at this time (ms), if given; any other reads as absent.
+    pub stored_at: Option<u64>,
 }
 
 /// A byte range of a value, as an HTTP `Range: bytes=` specifies it.
@@ -239,6 +253,8 @@ pub struct Value {
     pub flags: u32,
     /// Whether it carries memcached's stale mark.
     pub stale: bool,
+    /// The application attributes stored with it, if any.
+    pub attrs: Option<Bytes>,
     /// Which tier answered. For a memory hit, `position` is where the value was read from
     /// when it was promoted (reinsertion may have moved the record since).
     pub tier: Tier,

@@ -355,3 +355,60 @@ fn deleting_an_expired_key_finds_nothing_and_a_zero_ttl_replaces_with_an_expired
         std::fs::remove_dir_all(dir.path()).unwrap();
     }
 }
+
+#[test]
+fn attributes_are_kept_with_the_value_and_an_update_replaces_them_only_on_the_version_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), 1 << 20);
+    cfg.chunk_size = 64 << 10; // the second value below is a large one: its head keeps them
+    let store = Store::open(cfg.clone()).unwrap();
+    // The whole value, through a reader (the large one is longer than a chunk).
+    let read = |s: &Store, k: &[u8]| {
+        let mut r = s.reader(k, Part::Whole).unwrap().expect("stored");
+        let mut v = r.value().clone();
+        let mut data = Vec::new();
+        while let Some(piece) = r.next_piece().unwrap() {
+            data.extend_from_slice(&piece);
+        }
+        v.data = data.into();
+        v
+    };
+    let long = bytes(300_000, 5);
+    for (key, value) in [(&b"small"[..], &b"body"[..]), (b"large", &long)] {
+        let opts = PutOptions { attrs: Some(b"status=200"), ..PutOptions::default() };
+        let stored = store.put(key, value, &opts).unwrap();
+        for _ in 0..3 {
+            // from the disk, then (small) from memory
+            assert_eq!(read(&store, key).attrs.as_deref(), Some(&b"status=200"[..]));
+        }
+        let other = larder_engine::Touch {
+            attrs: Some(Some(b"x")),
+            stored_at: Some(stored.version.stored_ms + 1),
+            ..Default::default()
+        };
+        assert!(store.update(key, &other).unwrap().is_none(), "another version is not changed");
+        let touch = larder_engine::Touch {
+            attrs: Some(Some(b"status=200;fresh")),
+            stored_at: Some(stored.version.stored_ms),
+            ..Default::default()
+        };
+        assert_eq!(store.update(key, &touch).unwrap(), Some(stored.version), "the version stays");
+        let v = read(&store, key);
+        assert_eq!((v.attrs.as_deref(), &v.data[..]), (Some(&b"status=200;fresh"[..]), value));
+        let too_long = vec![b'a'; larder_engine::MAX_ATTRS + 1];
+        let refused = store.put(key, value, &PutOptions { attrs: Some(&too_long), ..PutOptions::default() });
+        assert_eq!(refused.unwrap_err().kind(), ErrorKind::Invalid);
+        let refused = store.update(key, &larder_engine::Touch { attrs: Some(Some(&too_long)), ..Default::default() });
+        assert_eq!(refused.unwrap_err().kind(), ErrorKind::Invalid);
+    }
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(read(&store, b"small").attrs.as_deref(), Some(&b"status=200;fresh"[..]));
+    assert_eq!(read(&store, b"large").attrs.as_deref(), Some(&b"status=200;fresh"[..]));
+    assert_eq!(&read(&store, b"large").data[..], &long[..]);
+    // A value stored without attributes has none; an update can remove them.
+    store.put(b"plain", b"v", &PutOptions::default()).unwrap();
+    assert!(read(&store, b"plain").attrs.is_none());
+    store.update(b"small", &larder_engine::Touch { attrs: Some(None), ..Default::default() }).unwrap();
+    assert!(read(&store, b"small").attrs.is_none());
+}

@@ -346,6 +346,7 @@ impl PutHeaders {
             flags: 0,
             stale: false,
             content_type: self.content_type.as_deref(),
+            attrs: None,
             preconditions: &self.preconditions,
             nonblocking: false,
         }

@@ -118,12 +118,14 @@ impl Disk {
         let buf = super::bufs::into_bytes(rec.buf);
         let meta = Meta::parse(&buf[meta_at]);
         let content_type = meta.content_type.map(|t| buf.slice_ref(t));
+        let attrs = meta.attrs.map(|a| buf.slice_ref(a));
         Some(Value {
             data: buf.slice(rec.value.0..rec.value.1),
             start: 0,
             len: h.value_len as u64,
             crc: rec.value_crc,
             content_type,
+            attrs,
             position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
             stored_ms: h.stored_ms,
             expiry_ms: h.expiry_ms,
@@ -360,6 +362,7 @@ fn part_of(loc: Loc, h: &Header, data: Bytes, (start, len, crc): (u64, u64, u32)
         len,
         crc,
         content_type: meta.content_type.map(Bytes::copy_from_slice),
+        attrs: meta.attrs.map(Bytes::copy_from_slice),
         flags: meta.flags,
         stale: meta.stale,
         position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },

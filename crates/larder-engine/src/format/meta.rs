@@ -9,6 +9,8 @@
 //! - [`TAG_BLOCKS`]: for values longer than [`BLOCKED_MIN_LEN`], a block size (as a shift) and
 //!   the CRC32C of each block of the value, so that a range read verifies just the blocks it
 //!   reads instead of reading the whole value to check the record checksum.
+//! - [`TAG_ATTRS`]: application attributes, opaque to the engine (read-through mode keeps a
+//!   response's status and headers there).
 
 use bytes::{Buf, BufMut};
 
@@ -24,6 +26,11 @@ pub const TAG_CHUNK: u8 = 4;
 pub const TAG_FLAGS: u8 = 5;
 /// Entry tag: memcached's stale mark (no body).
 pub const TAG_STALE: u8 = 6;
+/// Entry tag: application attributes (opaque bytes, at most [`MAX_ATTRS`]).
+pub const TAG_ATTRS: u8 = 7;
+/// Longest attributes entry, in bytes: with the longest of every other entry, the block stays
+/// within the record format's limit.
+pub const MAX_ATTRS: usize = 3968;
 /// Longest content type stored, in bytes.
 pub const MAX_CONTENT_TYPE: usize = 1024;
 /// Values longer than this carry block checksums; shorter ones are read whole.
@@ -45,6 +52,8 @@ pub struct Meta<'a> {
     pub flags: u32,
     /// memcached's stale mark.
     pub stale: bool,
+    /// Application attributes, if any were stored.
+    pub attrs: Option<&'a [u8]>,
 }
 
 impl<'a> Meta<'a> {
@@ -61,6 +70,7 @@ impl<'a> Meta<'a> {
                 TAG_BLOCKS if !body.is_empty() && (body.len() - 1) % 4 == 0 => m.blocks = Some((body[0], &body[1..])),
                 TAG_FLAGS if body.len() == 4 => m.flags = (&body[..]).get_u32_le(),
                 TAG_STALE => m.stale = true,
+                TAG_ATTRS => m.attrs = Some(body),
                 TAG_LARGE if body.len() == 12 => {
                     let mut b = body;
                     m.large = Some((b.get_u64_le(), b.get_u32_le()));
@@ -182,6 +192,34 @@ pub fn encode_flags(out: &mut Vec<u8>, flags: u32, stale: bool) {
     }
 }
 
+/// Appends the attributes entry, if there are attributes. The caller keeps them within
+/// [`MAX_ATTRS`] bytes.
+pub fn encode_attrs(out: &mut Vec<u8>, attrs: Option<&[u8]>) {
+    if let Some(a) = attrs {
+        debug_assert!(a.len() <= MAX_ATTRS);
+        out.put_u8(TAG_ATTRS);
+        out.put_u16_le(a.len() as u16);
+        out.put_slice(a);
+    }
+}
+
+/// `block` with its attributes replaced by `attrs` (removed when `None`); every other entry,
+/// known or not, is kept as it was.
+pub fn with_attrs(block: &[u8], attrs: Option<&[u8]>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(block.len() + attrs.map_or(0, |a| a.len() + 3));
+    let mut rest = block;
+    while rest.len() >= 3 {
+        let len = 3 + u16::from_le_bytes([rest[1], rest[2]]) as usize;
+        let Some(entry) = rest.get(..len) else { break };
+        if entry[0] != TAG_ATTRS {
+            out.extend_from_slice(entry);
+        }
+        rest = &rest[len..];
+    }
+    encode_attrs(&mut out, attrs);
+    out
+}
+
 /// Appends the entry that makes a record a large value's head: the value's length and CRC32C.
 pub fn encode_large(out: &mut Vec<u8>, len: u64, crc: u32) {
     out.put_u8(TAG_LARGE);
@@ -244,8 +282,22 @@ mod tests {
             let shift = block_shift(len).unwrap();
             assert!(len.div_ceil(1 << shift) <= MAX_BLOCKS, "{len}");
         }
-        // The largest metadata block fits the record format's limit.
-        assert!(3 + MAX_CONTENT_TYPE + 4 + 4 * MAX_BLOCKS as usize <= crate::format::record::MAX_META_LEN);
+        // The largest metadata block, every entry at its longest, fits the record format's limit.
+        let longest = (3 + MAX_CONTENT_TYPE) + (3 + 1 + 4 * MAX_BLOCKS as usize) + (3 + 4) + 3 + (3 + 12) + (3 + 4);
+        assert!(longest + 3 + MAX_ATTRS <= crate::format::record::MAX_META_LEN);
+    }
+
+    #[test]
+    fn attributes_are_replaced_and_other_entries_kept() {
+        let mut block = vec![9, 2, 0, 0xaa, 0xbb];
+        encode(&mut block, Some(b"text/html"), None);
+        encode_attrs(&mut block, Some(b"old"));
+        encode_flags(&mut block, 7, false);
+        let new = with_attrs(&block, Some(b"newer"));
+        let m = Meta::parse(&new);
+        assert_eq!((m.attrs, m.content_type, m.flags), (Some(&b"newer"[..]), Some(&b"text/html"[..]), 7));
+        assert_eq!(&new[..5], &[9, 2, 0, 0xaa, 0xbb], "an unknown entry stays");
+        assert!(Meta::parse(&with_attrs(&new, None)).attrs.is_none());
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub(crate) struct Cached {
     /// CRC32C of `data`.
     pub crc: u32,
     pub content_type: Option<Bytes>,
+    pub attrs: Option<Bytes>,
     pub flags: u32,
     pub stale: bool,
 }
@@ -56,7 +57,11 @@ pub(crate) enum Settled {
 const ENTRY_OVERHEAD: usize = 96;
 
 fn weight(key: &[u8], c: &Cached) -> usize {
-    key.len() + c.data.len() + c.content_type.as_ref().map_or(0, |t| t.len()) + ENTRY_OVERHEAD
+    key.len()
+        + c.data.len()
+        + c.content_type.as_ref().map_or(0, |t| t.len())
+        + c.attrs.as_ref().map_or(0, |a| a.len())
+        + ENTRY_OVERHEAD
 }
 
 fn foyer_weight(key: &MemKey, c: &Cached) -> usize {
@@ -368,6 +373,7 @@ mod tests {
             expiry_ms: 0,
             crc: 0,
             content_type: None,
+            attrs: None,
             flags: 0,
             stale: false,
         };

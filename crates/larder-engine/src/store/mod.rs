@@ -20,7 +20,7 @@ use crate::disk::{dirs, Disk, Job, Seen};
 use crate::memory::flight::Flights;
 use crate::memory::Memory;
 use crate::stats::{DirState, DirStats, Stats};
-use crate::types::{DeleteOptions, Expiry, PutOptions, ReadOptions, Stored, Value, Version};
+use crate::types::{DeleteOptions, Expiry, PutOptions, ReadOptions, Stored, Touch, Value, Version};
 use crate::{io, Error, Result};
 use parking_lot::Mutex;
 use read::Found;
@@ -87,7 +87,18 @@ impl Store {
     /// Gives the live value of `key` a new expiry, keeping its bytes, flags and version;
     /// returns the version, or `None` when the key has no live value (memcached's `touch`).
     pub fn touch(&self, key: &[u8], expiry: Expiry) -> Result<Option<Version>> {
-        self.touch_inner(key, expiry)
+        self.touch_inner(key, &Touch { expiry, attrs: None, stored_at: None })
+    }
+
+    /// [`Store::touch`] that may also replace the value's attributes (`Touch::attrs`) and
+    /// applies only to the value stored at `Touch::stored_at` when that is given: read-through
+    /// mode refreshes a stored response's headers after a 304 without rewriting its body, and
+    /// never onto a response stored since it asked.
+    pub fn update(&self, key: &[u8], touch: &Touch<'_>) -> Result<Option<Version>> {
+        if let Some(a) = touch.attrs {
+            write::check_attrs(a)?;
+        }
+        self.touch_inner(key, touch)
     }
 
     /// Flushes the store (memcached's `flush_all`): with no delay, every value stored before

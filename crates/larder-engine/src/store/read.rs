@@ -24,9 +24,22 @@ impl Target for Seen {
 }
 
 fn from_cached(c: Cached) -> Value {
-    let Cached { data, position, stored_ms, expiry_ms, crc, content_type, flags, stale } = c;
+    let Cached { data, position, stored_ms, expiry_ms, crc, content_type, attrs, flags, stale } = c;
     let (start, len) = (0, data.len() as u64);
-    Value { data, start, len, crc, content_type, position, stored_ms, expiry_ms, flags, stale, tier: Tier::Memory }
+    Value {
+        data,
+        start,
+        len,
+        crc,
+        content_type,
+        position,
+        stored_ms,
+        expiry_ms,
+        flags,
+        stale,
+        attrs,
+        tier: Tier::Memory,
+    }
 }
 
 /// What the memory tier keeps of a whole value: exact-size copies, so that it never holds
@@ -39,6 +52,7 @@ fn to_cached(v: &Value) -> Cached {
         expiry_ms: v.expiry_ms,
         crc: v.crc,
         content_type: v.content_type.as_deref().map(Bytes::copy_from_slice),
+        attrs: v.attrs.as_deref().map(Bytes::copy_from_slice),
         flags: v.flags,
         stale: v.stale,
     }

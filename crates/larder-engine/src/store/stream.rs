@@ -2,7 +2,7 @@
 //! one chunk of it in memory; a [`ValueReader`] hands a value out chunk by chunk, each verified
 //! before it is handed out.
 
-use super::write::{check_content_type, check_key, Upload};
+use super::write::{check_attrs, check_content_type, check_key, Upload};
 use super::Store;
 use crate::format::large::ChunkRef;
 use crate::types::{Expiry, Part, Precondition, PutOptions, ReadOptions, Stored, Value};
@@ -18,6 +18,7 @@ pub struct ValueWriter<'s> {
     flags: u32,
     stale: bool,
     content_type: Option<Vec<u8>>,
+    attrs: Option<Vec<u8>>,
     preconditions: Vec<Precondition>,
     /// Bytes not yet in a chunk record: at most one chunk's worth.
     pending: Vec<u8>,
@@ -33,6 +34,7 @@ impl Store {
     pub fn writer(&self, key: &[u8], opts: &PutOptions<'_>) -> Result<ValueWriter<'_>> {
         check_key(key)?;
         check_content_type(opts.content_type)?;
+        check_attrs(opts.attrs)?;
         Ok(ValueWriter {
             store: self,
             key: key.to_vec(),
@@ -40,6 +42,7 @@ impl Store {
             flags: opts.flags,
             stale: opts.stale,
             content_type: opts.content_type.map(<[u8]>::to_vec),
+            attrs: opts.attrs.map(<[u8]>::to_vec),
             preconditions: opts.preconditions.to_vec(),
             pending: Vec::new(),
             upload: Upload::default(),
@@ -96,6 +99,7 @@ impl ValueWriter<'_> {
             flags: self.flags,
             stale: self.stale,
             content_type: self.content_type.as_deref(),
+            attrs: self.attrs.as_deref(),
             preconditions: &self.preconditions,
             nonblocking: false,
         };

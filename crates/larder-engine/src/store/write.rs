@@ -13,7 +13,7 @@ use crate::format::record::{self, Header, FLAG_CHUNK, FLAG_HEAD, FLAG_TOMBSTONE,
 use crate::format::volume::VOLUME_HEADER_LEN;
 use crate::index::Loc;
 use crate::memory::{Cached, Settled};
-use crate::types::{Expiry, Part, Position, Precondition, PutOptions, Stored, Version};
+use crate::types::{Part, Position, Precondition, PutOptions, Stored, Touch, Version};
 use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -65,6 +65,17 @@ struct Current {
 /// A header stamped now; `append` sets the generation and the encoder the lengths.
 fn new_header(flags: u16) -> Header {
     Header { flags, key_len: 0, value_len: 0, meta_len: 0, generation: 0, stored_ms: now_ms(), expiry_ms: 0, crc: 0 }
+}
+
+/// Fails with `Invalid` for attributes longer than the limit.
+pub(super) fn check_attrs(attrs: Option<&[u8]>) -> Result<()> {
+    match attrs.filter(|a| a.len() > meta::MAX_ATTRS) {
+        Some(a) => Err(Error::new(
+            ErrorKind::Invalid,
+            format!("attributes of {} bytes exceed the limit of {} bytes", a.len(), meta::MAX_ATTRS),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Fails with `Invalid` for a content type longer than the limit.
@@ -165,6 +176,7 @@ impl Store {
         let total_len: u64 = value.iter().map(|p| p.len() as u64).sum();
         self.check_size(total_len)?;
         check_content_type(opts.content_type)?;
+        check_attrs(opts.attrs)?;
         let hash = sh.ring.hash(key);
         // A value longer than a chunk goes to disk as chunk records first, each appended under
         // the writer lock on its own so other writes flow meanwhile; then its head, below, is
@@ -205,6 +217,7 @@ impl Store {
         let mut meta = Vec::new();
         meta::encode(&mut meta, opts.content_type, blocks.as_ref());
         meta::encode_flags(&mut meta, opts.flags, opts.stale);
+        meta::encode_attrs(&mut meta, opts.attrs);
         let p = Prepared { value, value_crc, meta, flags: 0, len: total_len, crc: value_crc, chunks: &[] };
         self.commit(key, hash, p, opts, wait)
     }
@@ -221,6 +234,7 @@ impl Store {
         let mut meta = Vec::new();
         meta::encode(&mut meta, opts.content_type, None);
         meta::encode_flags(&mut meta, opts.flags, opts.stale);
+        meta::encode_attrs(&mut meta, opts.attrs);
         meta::encode_large(&mut meta, up.len, up.crc);
         let p = Prepared {
             value: &[&table],
@@ -266,6 +280,7 @@ impl Store {
                 expiry_ms: 0,
                 crc: value_crc,
                 content_type: opts.content_type.map(Bytes::copy_from_slice),
+                attrs: opts.attrs.map(Bytes::copy_from_slice),
                 flags: opts.flags,
                 stale: opts.stale,
             });
@@ -435,7 +450,8 @@ impl Store {
     /// so its store time (memcached's cas unique, the HTTP ETag) stays. `Ok(None)` when the
     /// key has no live value. A value only memory still holds (the ring has overwritten its
     /// record) is written anew, under a new version.
-    pub(super) fn touch_inner(&self, key: &[u8], expiry: Expiry) -> Result<Option<Version>> {
+    pub(super) fn touch_inner(&self, key: &[u8], touch: &Touch<'_>) -> Result<Option<Version>> {
+        let expiry = touch.expiry;
         check_key(key)?;
         let sh = &*self.disk;
         let hash = sh.ring.hash(key);
@@ -446,7 +462,7 @@ impl Store {
             let locked = (round == ROUNDS).then(|| sh.writer.lock());
             let Some(loc) = sh.index.get(hash) else {
                 drop(locked);
-                return self.touch_held(key, expiry);
+                return self.touch_held(key, touch);
             };
             let generation = sh.ring.live_generation(loc);
             let rec = match sh.fetch(hash, loc, false)? {
@@ -455,7 +471,7 @@ impl Store {
                 _ => continue,
             };
             let now = now_ms();
-            if rec.dead(sh, now) {
+            if rec.dead(sh, now) || touch.stored_at.is_some_and(|t| t != rec.header.stored_ms) {
                 return Ok(None);
             }
             let last = locked.is_some();
@@ -471,7 +487,9 @@ impl Store {
             let mut header = rec.header;
             header.expiry_ms = expiry.at_ms(now);
             let value = [rec.value()];
-            let app = Append { header, key, meta: rec.meta(), value: &value, value_crc: rec.value_crc };
+            let replaced = touch.attrs.map(|a| meta::with_attrs(rec.meta(), a));
+            let meta_block = replaced.as_deref().unwrap_or(rec.meta());
+            let app = Append { header, key, meta: meta_block, value: &value, value_crc: rec.value_crc };
             let (pos, new) = sh.append(&mut w, true, &app)?.expect("an append that may wait completes");
             let new_generation = sh.ring.slots[new.slot as usize].generation.load(Ordering::Relaxed);
             // A read that expired the value may drop it even under the writer lock: the copy
@@ -491,7 +509,12 @@ impl Store {
             // Memory keeps the value, with its new expiry, naming the copy.
             let held = self.memory.as_ref().and_then(|m| m.get(key)).filter(|c| c.stored_ms == header.stored_ms);
             let seen = Seen { loc: new, generation: new_generation };
-            let offer = held.map(|c| (Cached { expiry_ms: header.expiry_ms, position: pos, ..c }, seen));
+            let attrs = |c: &Cached| match touch.attrs {
+                Some(a) => a.map(Bytes::copy_from_slice),
+                None => c.attrs.clone(),
+            };
+            let offer =
+                held.map(|c| (Cached { expiry_ms: header.expiry_ms, position: pos, attrs: attrs(&c), ..c }, seen));
             // As a put's: a copy that must be durable first enters memory only once it is.
             let (now_offer, later) = if always { (None, offer) } else { (offer, None) };
             self.reconcile_memory(hash, key, now_offer);
@@ -503,7 +526,7 @@ impl Store {
                     self.reconcile_memory(hash, key, later);
                 }
             }
-            let (len, crc) = match Meta::parse(rec.meta()).large {
+            let (len, crc) = match Meta::parse(meta_block).large {
                 Some(large) => large,
                 None => (header.value_len as u64, rec.value_crc),
             };
@@ -514,16 +537,17 @@ impl Store {
 
     /// [`Store::touch_inner`] of a key the index does not name: a value memory still holds is
     /// written again with the new expiry.
-    fn touch_held(&self, key: &[u8], expiry: Expiry) -> Result<Option<Version>> {
+    fn touch_held(&self, key: &[u8], touch: &Touch<'_>) -> Result<Option<Version>> {
         let Some(c) = self.memory.as_ref().and_then(|m| m.get(key)) else { return Ok(None) };
-        if self.disk.dead(c.stored_ms, c.expiry_ms, now_ms()) {
+        if self.disk.dead(c.stored_ms, c.expiry_ms, now_ms()) || touch.stored_at.is_some_and(|t| t != c.stored_ms) {
             return Ok(None);
         }
         let opts = PutOptions {
-            expiry,
+            expiry: touch.expiry,
             flags: c.flags,
             stale: c.stale,
             content_type: c.content_type.as_deref(),
+            attrs: touch.attrs.unwrap_or(c.attrs.as_deref()),
             preconditions: &[Precondition::StoredAt(c.stored_ms)],
             nonblocking: false,
         };

@@ -538,6 +538,7 @@ impl Put {
             flags: self.flags,
             stale: false,
             content_type: None,
+            attrs: None,
             preconditions: &self.preconditions,
             nonblocking: false,
         }

@@ -596,6 +596,7 @@ async fn md(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
             flags: v.flags,
             stale: true,
             content_type: v.content_type.as_deref(),
+            attrs: v.attrs.as_deref(),
             preconditions: &cond,
             nonblocking: false,
         };
@@ -665,6 +666,7 @@ async fn ma(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
                                 len: st.version.len,
                                 crc: st.version.crc,
                                 content_type: None,
+                                attrs: None,
                                 position: st.position,
                                 stored_ms: st.version.stored_ms,
                                 expiry_ms: expiry(t).at_ms(now),
