@@ -125,6 +125,9 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
         },
         b"metrics" => {
             let stats = stats(app).await;
+            if let Some(p) = &app.proxy {
+                crate::proxy::render_metrics(&p.counters);
+            }
             let text = app.metrics.render(stats.as_ref(), &app.memcache);
             let mut r = Response::new(Body::full(Bytes::from(text)));
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));

@@ -114,7 +114,7 @@ pub(crate) async fn read_body_of(
 /// pieces), whose room is waited for before the answer starts, as a held request (`held`):
 /// the connection's idle timeout does not run meanwhile. A piece that fails ends the body with
 /// an error, which closes the connection.
-async fn body_of(app: &Arc<App>, held: Option<&Held>, read: Read, len: u64) -> Body {
+pub(crate) async fn body_of(app: &Arc<App>, held: Option<&Held>, read: Read, len: u64) -> Body {
     match read {
         Read::Value(v) => Body::full(v.data),
         Read::Pieces(mut r) => {

@@ -35,6 +35,8 @@ pub struct App {
     pub memcache: crate::memcache::Counters,
     /// The memcached meta protocol's per-item state.
     pub memcache_items: crate::memcache::Items,
+    /// Read-through mode (`--origin`), if on.
+    pub proxy: Option<crate::proxy::Proxy>,
 }
 
 /// Streamed uploads written at once: a quarter of the blocking pool's 512 threads, so that

@@ -81,6 +81,26 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:1234].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// Read-through mode: the HTTP listener becomes a shared HTTP cache (RFC 9111) in front of
+    /// this origin, e.g. http://127.0.0.1:8080 (docs/HTTP-CACHING.md) [default: off].
+    #[arg(long, value_name = "URL")]
+    pub origin: Option<String>,
+    /// Read-through mode: time allowed to connect to the origin [default: 5s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub origin_connect_timeout: Option<Duration>,
+    /// Read-through mode: the longest wait for the origin's response head, and between two
+    /// pieces of its body [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub origin_read_timeout: Option<Duration>,
+    /// Read-through mode: how long past its freshness a stored response may be served when the
+    /// origin fails or cannot be reached, for responses that do not say (RFC 5861's
+    /// stale-if-error) [default: 0, never].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub stale_if_error: Option<Duration>,
+    /// Read-through mode: how long a request waits for another request's origin fetch of the
+    /// same URI before it fetches on its own [default: 5s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub cache_lock_timeout: Option<Duration>,
     /// Also speak memcached's protocol on this address, over the same store (off unless given;
     /// 127.0.0.1:11211 is memcached's own).
     #[arg(long, value_name = "ADDR")]
@@ -228,6 +248,11 @@ struct FileConfig {
     data_dir: Option<DirsValue>,
     listen: Option<SocketAddr>,
     memcache_listen: Option<SocketAddr>,
+    origin: Option<String>,
+    origin_connect_timeout: Option<DurationValue>,
+    origin_read_timeout: Option<DurationValue>,
+    stale_if_error: Option<DurationValue>,
+    cache_lock_timeout: Option<DurationValue>,
     volume_size: Option<SizeValue>,
     volume_count: Option<u32>,
     max_value_size: Option<SizeValue>,
@@ -275,6 +300,16 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// The memcached protocol's listen address, if on.
     pub memcache_listen: Option<SocketAddr>,
+    /// The origin of read-through mode, if on.
+    pub origin: Option<String>,
+    /// Origin connect timeout.
+    pub origin_connect_timeout: Duration,
+    /// Origin read timeout.
+    pub origin_read_timeout: Duration,
+    /// Default stale-if-error window.
+    pub stale_if_error: Duration,
+    /// Wait for another request's fetch of the same URI.
+    pub cache_lock_timeout: Duration,
     /// Bytes per volume.
     pub volume_size: u64,
     /// Volumes in the ring.
@@ -416,6 +451,15 @@ impl ServeArgs {
             strict_dirs: self.strict_dirs || file.strict_dirs.unwrap_or(false),
             listen: self.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:1234".parse().unwrap()),
             memcache_listen: self.memcache_listen.or(file.memcache_listen),
+            origin: self.origin.clone().or(file.origin),
+            origin_connect_timeout: dur(
+                self.origin_connect_timeout,
+                &file.origin_connect_timeout,
+                Duration::from_secs(5),
+            )?,
+            origin_read_timeout: dur(self.origin_read_timeout, &file.origin_read_timeout, Duration::from_secs(60))?,
+            stale_if_error: dur(self.stale_if_error, &file.stale_if_error, Duration::ZERO)?,
+            cache_lock_timeout: dur(self.cache_lock_timeout, &file.cache_lock_timeout, Duration::from_secs(5))?,
             volume_size: size(self.volume_size, &file.volume_size, 1 << 30)?,
             volume_count: self.volume_count.or(file.volume_count).unwrap_or(16),
             max_value_size: size(self.max_value_size, &file.max_value_size, 1 << 30)?,

@@ -72,6 +72,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         uploads: tokio::sync::Semaphore::new(crate::app::MAX_STREAMED_UPLOADS),
         memcache: crate::memcache::Counters::default(),
         memcache_items: crate::memcache::Items::default(),
+        proxy: crate::proxy::Proxy::new(&settings)?,
     });
     // Recovery runs while the socket already answers (503 until ready).
     let (ready_tx, mut ready_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();

@@ -13,6 +13,7 @@ mod key;
 mod lifecycle;
 mod memcache;
 mod metrics;
+mod proxy;
 mod reply;
 mod routes;
 

@@ -58,6 +58,9 @@ impl Metrics {
             .and_then(|b| {
                 b.set_buckets_for_metric(Matcher::Full("larder_fsync_duration_seconds".into()), &FSYNC_BUCKETS)
             })
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full("larder_origin_duration_seconds".into()), &LATENCY_BUCKETS)
+            })
             .map_err(|e| format!("configuring metrics: {e}"))?
             .install_recorder()
             .map_err(|e| format!("installing the metrics recorder: {e}"))?;
@@ -157,6 +160,18 @@ fn describe() {
     c!("larder_memcache_received_bytes_total", Unit::Bytes, "Bytes read from memcached clients.");
     c!("larder_memcache_sent_bytes_total", Unit::Bytes, "Bytes written to memcached clients.");
     h!("larder_fsync_duration_seconds", Unit::Seconds, "fdatasync of one volume file.");
+    h!("larder_origin_duration_seconds", Unit::Seconds, "Read-through mode: time to the origin's response head.");
+    c!(
+        "larder_proxy_requests_total",
+        "Read-through mode: GET and HEAD by X-Cache (hit, miss, revalidated, stale, pass)."
+    );
+    c!("larder_proxy_revalidations_total", "Read-through mode: revalidations by the origin's answer (304, 200).");
+    c!("larder_proxy_coalesced_total", "Read-through mode: requests that shared another's origin fetch.");
+    c!("larder_proxy_stored_total", "Read-through mode: responses stored.");
+    c!("larder_proxy_not_stored_total", "Read-through mode: responses passed on without being stored.");
+    c!("larder_proxy_origin_errors_total", "Read-through mode: origin requests that failed or broke off.");
+    c!("larder_proxy_invalidations_total", "Read-through mode: stored responses dropped after unsafe methods.");
+    c!("larder_proxy_purges_total", "Read-through mode: stored responses purged through /_larder/purge.");
     c!("larder_cache_hits_total", "Value reads (GET) that found a value, by the tier that answered (memc, disk).");
     c!("larder_cache_misses_total", "Value reads (GET) that found nothing.");
     c!("larder_puts_total", "Values stored.");

@@ -18,7 +18,14 @@ pub type Resp = Response<Body>;
 /// sees a truncated answer, never wrong bytes.
 pub enum Body {
     Full(Full<Bytes>),
-    Pieces { rx: tokio::sync::mpsc::Receiver<Result<Bytes, larder_engine::Error>>, left: u64 },
+    Pieces {
+        rx: tokio::sync::mpsc::Receiver<Result<Bytes, larder_engine::Error>>,
+        left: u64,
+    },
+    /// Pieces of a body whose length is not known (an origin's chunked answer, passed on).
+    Stream {
+        rx: tokio::sync::mpsc::Receiver<Result<Bytes, larder_engine::Error>>,
+    },
 }
 
 impl Body {
@@ -49,6 +56,12 @@ impl hyper::body::Body for Body {
                 Poll::Ready(None) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
             },
+            Body::Stream { rx } => match rx.poll_recv(cx) {
+                Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
         }
     }
 
@@ -56,6 +69,7 @@ impl hyper::body::Body for Body {
         match self {
             Body::Full(f) => f.is_end_stream(),
             Body::Pieces { left, .. } => *left == 0,
+            Body::Stream { .. } => false,
         }
     }
 
@@ -63,6 +77,7 @@ impl hyper::body::Body for Body {
         match self {
             Body::Full(f) => f.size_hint(),
             Body::Pieces { left, .. } => SizeHint::with_exact(*left),
+            Body::Stream { .. } => SizeHint::default(),
         }
     }
 }

@@ -56,6 +56,15 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
     if uri_len as u64 > app.settings.max_uri_size {
         return text(StatusCode::URI_TOO_LONG, "URI too long\n");
     }
+    // Read-through mode: everything outside larder's admin namespace goes to the proxy.
+    if app.proxy.is_some() && !req.uri().path().starts_with("/_larder/") {
+        if app.settings.auth_reads {
+            if let Some(refused) = unauthorized(app, req.headers()) {
+                return refused;
+            }
+        }
+        return Box::pin(crate::proxy::handle(app, req)).await;
+    }
     let key = match decode_key(req.uri().path()) {
         Ok(k) => k,
         Err(e) => return text(StatusCode::BAD_REQUEST, e.message()),
@@ -67,6 +76,12 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
             if let Some(refused) = unauthorized(app, req.headers()) {
                 return refused;
             }
+        }
+        if what == b"purge" {
+            if !matches!(*req.method(), Method::POST | Method::DELETE) {
+                return method_not_allowed("POST, DELETE");
+            }
+            return Box::pin(crate::proxy::purge(app, req.uri().query())).await;
         }
         if what == b"faults" {
             return Box::pin(admin::faults(app, req)).await;

@@ -1,0 +1,118 @@
+//! One origin fetch per cache key: the first request for a key leads a flight, a task of its
+//! own that fetches from the origin, writes the response to the store and streams it to every
+//! request that joined before the body began (each with its own byte window for a `Range`).
+//! The task runs on when its first client goes away, so the store is filled all the same.
+
+use bytes::Bytes;
+use hyper::header::HeaderMap;
+use hyper::StatusCode;
+use larder_engine::ByteRange;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// The response head a flight's members receive.
+#[derive(Debug)]
+pub struct Head {
+    pub status: StatusCode,
+    /// End-to-end fields, as they go to clients (before `Age`, `X-Cache`).
+    pub headers: HeaderMap,
+    /// Body length, when the origin said it.
+    pub len: Option<u64>,
+    /// The leader's request fields the response varies on, with their values, for members to
+    /// compare with their own.
+    pub selecting: Vec<(hyper::header::HeaderName, Option<hyper::header::HeaderValue>)>,
+    /// Age to send, in seconds.
+    pub age: u64,
+    /// Whether the response is being stored.
+    pub storing: bool,
+}
+
+/// How a flight ended for its members.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A response: its body follows on the member's data channel, cut to `window` if given.
+    Response(Arc<Head>, Option<(u64, u64)>),
+    /// The origin answered 304 and the stored response was refreshed: read it again.
+    Refreshed,
+    /// No response from the origin (the message says why); `timeout` for a timeout.
+    Failed { message: String, timeout: bool },
+}
+
+/// A request waiting on a flight.
+pub struct Member {
+    /// Taken when the outcome is sent.
+    pub outcome: Option<oneshot::Sender<Outcome>>,
+    pub data: mpsc::Sender<Result<Bytes, larder_engine::Error>>,
+    /// The byte range it asked for, and its `If-Range`.
+    pub range: Option<(ByteRange, Option<hyper::header::HeaderValue>)>,
+    /// Still to skip, and to send, of the body (set when the head is known).
+    pub skip: u64,
+    pub take: u64,
+}
+
+/// One fetch in progress.
+#[derive(Default)]
+pub struct Flight {
+    /// Members; `None` once the body began (later requests cannot join).
+    pub members: Mutex<Option<Vec<Member>>>,
+}
+
+impl Flight {
+    /// Adds a member, unless the body has begun.
+    pub fn join(&self, m: Member) -> Result<(), Member> {
+        match self.members.lock().as_mut() {
+            Some(list) => {
+                list.push(m);
+                Ok(())
+            }
+            None => Err(m),
+        }
+    }
+
+    /// Closes the flight to newcomers and hands over its members.
+    pub fn close(&self) -> Vec<Member> {
+        self.members.lock().take().unwrap_or_default()
+    }
+}
+
+/// The flights in progress, by cache key.
+#[derive(Default)]
+pub struct Flights(Mutex<HashMap<Vec<u8>, Arc<Flight>>>);
+
+impl Flights {
+    /// The flight of `key` and whether the caller leads it (it did not exist).
+    pub fn lead_or_join(&self, key: &[u8]) -> (Arc<Flight>, bool) {
+        let mut map = self.0.lock();
+        if let Some(f) = map.get(key) {
+            return (f.clone(), false);
+        }
+        let f = Arc::new(Flight { members: Mutex::new(Some(Vec::new())) });
+        map.insert(key.to_vec(), f.clone());
+        (f, true)
+    }
+
+    /// Whether a flight of `key` is in progress.
+    pub fn busy(&self, key: &[u8]) -> bool {
+        self.0.lock().contains_key(key)
+    }
+
+    /// Removes the flight of `key` if it is `f`.
+    pub fn end(&self, key: &[u8], f: &Arc<Flight>) {
+        let mut map = self.0.lock();
+        if map.get(key).is_some_and(|g| Arc::ptr_eq(g, f)) {
+            map.remove(key);
+        }
+    }
+}
+
+/// A member's new channels: what it gives the flight, and what it keeps.
+pub fn member(
+    range: Option<(ByteRange, Option<hyper::header::HeaderValue>)>,
+) -> (Member, oneshot::Receiver<Outcome>, mpsc::Receiver<Result<Bytes, larder_engine::Error>>) {
+    let (otx, orx) = oneshot::channel();
+    // A few pieces in flight per member: memory stays bounded by members × this × piece size.
+    let (dtx, drx) = mpsc::channel(4);
+    (Member { outcome: Some(otx), data: dtx, range, skip: 0, take: u64::MAX }, orx, drx)
+}

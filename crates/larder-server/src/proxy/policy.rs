@@ -1,0 +1,500 @@
+//! RFC 9111's rules as pure functions of headers and times: `Cache-Control` parsing, whether a
+//! response may be stored, its freshness lifetime and age, and what a request's directives
+//! allow. No I/O: the handler (`proxy/mod.rs`) asks, this answers; the unit tests below and
+//! tests/proxy.rs check it against the standard's text (docs/HTTP-CACHING.md maps them).
+
+use hyper::header::{HeaderMap, HeaderName, AUTHORIZATION, CACHE_CONTROL, DATE, EXPIRES, LAST_MODIFIED, PRAGMA};
+use hyper::StatusCode;
+
+/// The largest delta-seconds value kept: 2^31, as RFC 9111 §1.2.2 says for values that overflow.
+pub const MAX_DELTA: u64 = 1 << 31;
+
+/// A directive's argument: none, a valid delta-seconds, or one that did not parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delta {
+    /// Given without an argument.
+    Bare,
+    /// A valid number of seconds (capped at [`MAX_DELTA`]).
+    Secs(u64),
+    /// Given with an argument that is not delta-seconds: the directive is malformed.
+    Invalid,
+}
+
+/// The `Cache-Control` directives larder acts on, from every field line of a message. A
+/// directive given twice with different arguments counts as malformed ([`Delta::Invalid`]):
+/// RFC 9111 §4.2.1 lets a cache treat such a response as stale.
+#[derive(Debug, Default, Clone)]
+pub struct Directives {
+    pub max_age: Option<Delta>,
+    pub s_maxage: Option<Delta>,
+    pub max_stale: Option<Delta>,
+    pub min_fresh: Option<Delta>,
+    pub stale_while_revalidate: Option<Delta>,
+    pub stale_if_error: Option<Delta>,
+    pub no_store: bool,
+    pub no_cache: bool,
+    /// `no-cache="a, b"`: these fields are never reused without revalidation.
+    pub no_cache_fields: Vec<String>,
+    pub private: bool,
+    /// `private="a, b"`: only these fields are private; the rest may be stored.
+    pub private_fields: Vec<String>,
+    pub public: bool,
+    pub must_revalidate: bool,
+    pub proxy_revalidate: bool,
+    pub must_understand: bool,
+    pub only_if_cached: bool,
+}
+
+impl Directives {
+    /// Parses every `Cache-Control` line of `h`. Unknown directives are ignored (§5.2.3).
+    pub fn of(h: &HeaderMap) -> Directives {
+        let mut d = Directives::default();
+        for line in h.get_all(CACHE_CONTROL) {
+            let Ok(line) = line.to_str() else { continue };
+            for (name, arg) in split_directives(line) {
+                d.add(&name, arg);
+            }
+        }
+        d
+    }
+
+    fn add(&mut self, name: &str, arg: Option<String>) {
+        let delta = |slot: &mut Option<Delta>, arg: Option<String>| {
+            let new = match arg {
+                None => Delta::Bare,
+                Some(a) => parse_delta(&a).map_or(Delta::Invalid, Delta::Secs),
+            };
+            *slot = match *slot {
+                Some(old) if old != new => Some(Delta::Invalid),
+                _ => Some(new),
+            };
+        };
+        let fields = |arg: Option<String>| -> Vec<String> {
+            arg.map(|a| a.split(',').map(|f| f.trim().to_ascii_lowercase()).filter(|f| !f.is_empty()).collect())
+                .unwrap_or_default()
+        };
+        match name {
+            "max-age" => delta(&mut self.max_age, arg),
+            "s-maxage" => delta(&mut self.s_maxage, arg),
+            "max-stale" => delta(&mut self.max_stale, arg),
+            "min-fresh" => delta(&mut self.min_fresh, arg),
+            "stale-while-revalidate" => delta(&mut self.stale_while_revalidate, arg),
+            "stale-if-error" => delta(&mut self.stale_if_error, arg),
+            "no-store" => self.no_store = true,
+            "no-cache" => match fields(arg) {
+                f if f.is_empty() => self.no_cache = true,
+                f => self.no_cache_fields.extend(f),
+            },
+            "private" => match fields(arg) {
+                f if f.is_empty() => self.private = true,
+                f => self.private_fields.extend(f),
+            },
+            "public" => self.public = true,
+            "must-revalidate" => self.must_revalidate = true,
+            "proxy-revalidate" => self.proxy_revalidate = true,
+            "must-understand" => self.must_understand = true,
+            "only-if-cached" => self.only_if_cached = true,
+            _ => {}
+        }
+    }
+}
+
+/// Splits a `Cache-Control` value into lower-cased directive names and their arguments
+/// (quoted strings unquoted), honouring commas inside quotes.
+fn split_directives(line: &str) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    let b = line.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        while i < b.len() && (b[i] == b',' || b[i] == b' ' || b[i] == b'\t') {
+            i += 1;
+        }
+        let start = i;
+        while i < b.len() && b[i] != b',' && b[i] != b'=' {
+            i += 1;
+        }
+        let name = line[start..i].trim().to_ascii_lowercase();
+        let mut arg = None;
+        if i < b.len() && b[i] == b'=' {
+            i += 1;
+            if i < b.len() && b[i] == b'"' {
+                i += 1;
+                let mut v = String::new();
+                while i < b.len() && b[i] != b'"' {
+                    if b[i] == b'\\' && i + 1 < b.len() {
+                        i += 1;
+                    }
+                    v.push(b[i] as char);
+                    i += 1;
+                }
+                i += 1; // the closing quote
+                while i < b.len() && b[i] != b',' {
+                    i += 1;
+                }
+                arg = Some(v);
+            } else {
+                let s = i;
+                while i < b.len() && b[i] != b',' {
+                    i += 1;
+                }
+                arg = Some(line[s..i].trim().to_string());
+            }
+        }
+        if !name.is_empty() {
+            out.push((name, arg));
+        }
+    }
+    out
+}
+
+/// delta-seconds (§1.2.2): digits only; values past 2^31 become 2^31.
+pub fn parse_delta(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(s.parse::<u64>().map_or(MAX_DELTA, |n| n.min(MAX_DELTA)))
+}
+
+/// The one value of a field that must appear once: `None` when absent, `Err` when it appears
+/// more than once with different values (a duplicated `Expires` or `Date` is treated as invalid).
+pub fn single<'a>(h: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a str>, ()> {
+    let mut it = h.get_all(name).iter();
+    let Some(first) = it.next() else { return Ok(None) };
+    if it.any(|other| other != first) {
+        return Err(());
+    }
+    first.to_str().map(|s| Some(s.trim())).map_err(|_| ())
+}
+
+/// An HTTP date as seconds of the Unix epoch (every format RFC 9110 §5.6.7 says to accept).
+pub fn parse_date(s: &str) -> Option<u64> {
+    let t = httpdate::parse_http_date(s).ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()))
+}
+
+/// Status codes heuristically cacheable by default (RFC 9110 §15.1).
+pub fn heuristically_cacheable(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 200 | 203 | 204 | 206 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501)
+}
+
+/// Status codes whose meaning larder understands (for `must-understand`, and for storing at all:
+/// an unknown code is passed through, never stored).
+fn understood(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 300 | 301 | 302 | 303 | 307 | 308 | 400 | 403 | 404 | 405 | 410 | 414 | 451 | 501
+    )
+}
+
+/// Why a response is not stored, for the logs and `X-Cache`-adjacent metrics; `None` = storable.
+pub fn not_storable(
+    req: &HeaderMap,
+    req_cc: &Directives,
+    status: StatusCode,
+    resp: &HeaderMap,
+    cc: &Directives,
+) -> Option<&'static str> {
+    if status == StatusCode::PARTIAL_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Some("partial or not-modified response");
+    }
+    if !status.is_success() && !status.is_redirection() && !status.is_client_error() && !status.is_server_error() {
+        return Some("not a final response");
+    }
+    // §5.2.2.3: with must-understand, store only what is understood, whatever no-store says.
+    if cc.must_understand {
+        if !understood(status) {
+            return Some("must-understand and an unknown status");
+        }
+    } else if cc.no_store {
+        return Some("no-store");
+    }
+    if req_cc.no_store {
+        return Some("the request said no-store");
+    }
+    if cc.private {
+        return Some("private");
+    }
+    if req.contains_key(AUTHORIZATION) && !(cc.public || cc.must_revalidate || cc.s_maxage.is_some()) {
+        return Some("a response to a request with Authorization");
+    }
+    if !understood(status) {
+        return Some("a status larder does not cache");
+    }
+    if resp.get_all(hyper::header::VARY).iter().any(|v| v.to_str().is_ok_and(|v| v.split(',').any(|f| f.trim() == "*")))
+    {
+        return Some("Vary: *");
+    }
+    // Responses that set cookies are stored only when the origin says they are shared.
+    if resp.contains_key(hyper::header::SET_COOKIE) && !(cc.public || cc.s_maxage.is_some()) {
+        return Some("Set-Cookie without public or s-maxage");
+    }
+    let explicit = cc.public
+        || cc.s_maxage.is_some()
+        || cc.max_age.is_some()
+        || resp.contains_key(EXPIRES)
+        || heuristically_cacheable(status);
+    if !explicit {
+        return Some("no explicit freshness and not heuristically cacheable");
+    }
+    None
+}
+
+/// What the freshness and age of a stored response are computed from.
+#[derive(Debug, Clone, Copy)]
+pub struct Times {
+    /// When the request that brought it was sent, ms of the Unix epoch.
+    pub request_ms: u64,
+    /// When its response arrived, ms of the Unix epoch.
+    pub response_ms: u64,
+}
+
+/// The freshness lifetime of a response in seconds (§4.2.1), for a shared cache. A malformed
+/// or duplicated freshness field makes it 0 (stale).
+pub fn freshness_lifetime(status: StatusCode, h: &HeaderMap, cc: &Directives, times: Times) -> u64 {
+    match cc.s_maxage {
+        Some(Delta::Secs(s)) => return s,
+        Some(_) => return 0,
+        None => {}
+    }
+    match cc.max_age {
+        Some(Delta::Secs(s)) => return s,
+        Some(_) => return 0,
+        None => {}
+    }
+    let date = match single(h, &DATE) {
+        Ok(Some(d)) => parse_date(d),
+        Ok(None) => None,
+        Err(()) => return 0,
+    }
+    .unwrap_or(times.response_ms / 1000);
+    match single(h, &EXPIRES) {
+        Ok(Some(e)) => return parse_date(e).map_or(0, |e| e.saturating_sub(date)),
+        Err(()) => return 0,
+        Ok(None) => {}
+    }
+    // Heuristic freshness (§4.2.2), only where allowed: 10% of the time since Last-Modified,
+    // at most a day.
+    if !(heuristically_cacheable(status) || cc.public) {
+        return 0;
+    }
+    match single(h, &LAST_MODIFIED) {
+        Ok(Some(lm)) => parse_date(lm).map_or(0, |lm| (date.saturating_sub(lm) / 10).min(86_400)),
+        _ => 0,
+    }
+}
+
+/// The current age of a stored response in seconds (§4.2.3), at `now_ms`.
+pub fn current_age(h: &HeaderMap, times: Times, now_ms: u64) -> u64 {
+    let date_ms = match single(h, &DATE) {
+        Ok(Some(d)) => parse_date(d).map(|s| s * 1000),
+        _ => None,
+    }
+    .unwrap_or(times.response_ms);
+    let age_value = match single(h, &hyper::header::AGE) {
+        Ok(Some(a)) => parse_delta(a).unwrap_or(0),
+        _ => 0,
+    };
+    let apparent = times.response_ms.saturating_sub(date_ms);
+    let delay = times.response_ms.saturating_sub(times.request_ms);
+    let corrected_age = age_value * 1000 + delay;
+    let initial = apparent.max(corrected_age);
+    let resident = now_ms.saturating_sub(times.response_ms);
+    (initial + resident) / 1000
+}
+
+/// Whether a stored response may be served stale at all (§4.2.4, §5.2.2.2, §5.2.2.8, §5.2.2.10).
+pub fn may_serve_stale(cc: &Directives) -> bool {
+    !(cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some() || cc.no_cache)
+}
+
+/// How a request may use a stored response of this age and lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// Serve it as it is.
+    Fresh,
+    /// Serve it stale: the client allowed it (`max-stale`).
+    StaleAllowed,
+    /// Serve it stale and revalidate in the background (`stale-while-revalidate`).
+    StaleWhileRevalidate,
+    /// It must be validated with the origin first.
+    Validate,
+}
+
+/// Decides how a request (with directives `req`) may use a stored response (directives `cc`)
+/// that is `age` seconds old with a lifetime of `lifetime` seconds.
+pub fn usable(req: &Directives, pragma_no_cache: bool, cc: &Directives, age: u64, lifetime: u64) -> Use {
+    if req.no_cache || pragma_no_cache || cc.no_cache {
+        return Use::Validate;
+    }
+    let fresh = age < lifetime;
+    // A request's max-age is a limit on age whatever the freshness (§5.2.1.1); malformed
+    // request directives are ignored rather than trusted.
+    if let Some(Delta::Secs(max)) = req.max_age {
+        if age > max {
+            return Use::Validate;
+        }
+    }
+    if let Some(Delta::Secs(min)) = req.min_fresh {
+        if lifetime.saturating_sub(age) < min || !fresh {
+            return Use::Validate;
+        }
+    }
+    if fresh {
+        return Use::Fresh;
+    }
+    if !may_serve_stale(cc) {
+        return Use::Validate;
+    }
+    let stale_for = age - lifetime;
+    match req.max_stale {
+        Some(Delta::Bare) => return Use::StaleAllowed,
+        Some(Delta::Secs(s)) if stale_for <= s => return Use::StaleAllowed,
+        _ => {}
+    }
+    // stale-while-revalidate (RFC 5861 §3), unless the request asked for a bound on age.
+    if let Some(Delta::Secs(swr)) = cc.stale_while_revalidate {
+        if stale_for <= swr && req.max_age.is_none() && req.min_fresh.is_none() {
+            return Use::StaleWhileRevalidate;
+        }
+    }
+    Use::Validate
+}
+
+/// Whether a stale response may be served because the origin failed (RFC 5861 §4): within the
+/// response's or the request's `stale-if-error`, or the server's default.
+pub fn stale_if_error(req: &Directives, cc: &Directives, stale_for: u64, default: u64) -> bool {
+    if !may_serve_stale(cc) {
+        return false;
+    }
+    let window = |d: Option<Delta>| match d {
+        Some(Delta::Secs(s)) => Some(s),
+        _ => None,
+    };
+    let allowed = window(req.stale_if_error).or(window(cc.stale_if_error)).unwrap_or(default);
+    stale_for <= allowed
+}
+
+/// `Pragma: no-cache` counts only in a request without `Cache-Control` (§5.4).
+pub fn pragma_no_cache(req: &HeaderMap) -> bool {
+    !req.contains_key(CACHE_CONTROL)
+        && req.get_all(PRAGMA).iter().any(|v| v.to_str().is_ok_and(|v| v.split(',').any(|p| p.trim() == "no-cache")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(HeaderName::from_bytes(n.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn directives_parse_with_quotes_case_and_duplicates() {
+        let d = Directives::of(&headers(&[
+            ("cache-control", "Max-Age=\"60\", no-cache=\"Set-Cookie, X-A\", private"),
+            ("cache-control", "s-maxage=5, s-maxage=7, stale-while-revalidate=30, public"),
+        ]));
+        assert_eq!(d.max_age, Some(Delta::Secs(60)));
+        assert_eq!(d.s_maxage, Some(Delta::Invalid), "two different values are malformed");
+        assert_eq!(d.no_cache_fields, vec!["set-cookie", "x-a"]);
+        assert!(!d.no_cache && d.private && d.public);
+        assert_eq!(d.stale_while_revalidate, Some(Delta::Secs(30)));
+        let bad = Directives::of(&headers(&[("cache-control", "max-age=-1, min-fresh=1.5, max-stale")]));
+        assert_eq!(
+            (bad.max_age, bad.min_fresh, bad.max_stale),
+            (Some(Delta::Invalid), Some(Delta::Invalid), Some(Delta::Bare))
+        );
+        let huge = Directives::of(&headers(&[("cache-control", "max-age=99999999999999999999999")]));
+        assert_eq!(huge.max_age, Some(Delta::Secs(MAX_DELTA)));
+    }
+
+    #[test]
+    fn freshness_from_each_source_in_order() {
+        let t = Times { request_ms: 1_000_000_000, response_ms: 1_000_000_000 };
+        let date = httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000));
+        let exp = httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_100));
+        let lm = httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(990_000));
+        let ok = StatusCode::OK;
+        let life = |pairs: &[(&str, &str)]| {
+            let h = headers(pairs);
+            freshness_lifetime(ok, &h, &Directives::of(&h), t)
+        };
+        assert_eq!(life(&[("cache-control", "max-age=10, s-maxage=20"), ("expires", &exp), ("date", &date)]), 20);
+        assert_eq!(life(&[("cache-control", "max-age=10"), ("expires", &exp), ("date", &date)]), 10);
+        assert_eq!(life(&[("expires", &exp), ("date", &date)]), 100);
+        assert_eq!(life(&[("expires", "0"), ("date", &date)]), 0, "an invalid Expires is in the past");
+        assert_eq!(life(&[("expires", &exp), ("expires", &date), ("date", &date)]), 0, "two Expires: stale");
+        assert_eq!(life(&[("last-modified", &lm), ("date", &date)]), 1000, "10% of 10,000 s");
+        assert_eq!(life(&[("date", &date)]), 0);
+        let h = headers(&[("last-modified", &lm), ("date", &date)]);
+        assert_eq!(freshness_lifetime(StatusCode::FOUND, &h, &Directives::of(&h), t), 0, "302 gets no heuristic");
+    }
+
+    #[test]
+    fn age_follows_the_standard() {
+        let date = httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000));
+        let t = Times { request_ms: 1_000_001_000, response_ms: 1_000_003_000 };
+        // apparent 3 s; corrected age 10 + 2 = 12 s; resident 5 s.
+        assert_eq!(current_age(&headers(&[("date", &date), ("age", "10")]), t, 1_000_008_000), 17);
+        assert_eq!(current_age(&headers(&[("date", &date)]), t, 1_000_008_000), 8);
+        assert_eq!(current_age(&headers(&[]), t, 1_000_003_500), 2);
+    }
+
+    #[test]
+    fn requests_directives_bound_what_is_used() {
+        let plain = Directives::default();
+        let r = |s: &str| Directives::of(&headers(&[("cache-control", s)]));
+        assert_eq!(usable(&plain, false, &plain, 5, 10), Use::Fresh);
+        assert_eq!(usable(&plain, true, &plain, 5, 10), Use::Validate);
+        assert_eq!(usable(&r("max-age=3"), false, &plain, 5, 10), Use::Validate);
+        assert_eq!(usable(&r("min-fresh=6"), false, &plain, 5, 10), Use::Validate);
+        assert_eq!(usable(&r("min-fresh=5"), false, &plain, 5, 10), Use::Fresh);
+        assert_eq!(usable(&plain, false, &plain, 12, 10), Use::Validate);
+        assert_eq!(usable(&r("max-stale=5"), false, &plain, 12, 10), Use::StaleAllowed);
+        assert_eq!(usable(&r("max-stale=1"), false, &plain, 12, 10), Use::Validate);
+        assert_eq!(usable(&r("max-stale"), false, &r("must-revalidate"), 12, 10), Use::Validate);
+        assert_eq!(usable(&plain, false, &r("stale-while-revalidate=5"), 12, 10), Use::StaleWhileRevalidate);
+        assert_eq!(usable(&plain, false, &r("stale-while-revalidate=1"), 12, 10), Use::Validate);
+        assert_eq!(usable(&plain, false, &r("no-cache"), 1, 10), Use::Validate);
+    }
+
+    #[test]
+    fn what_may_be_stored() {
+        let no = |req: &[(&str, &str)], status: u16, resp: &[(&str, &str)]| {
+            let (rq, rs) = (headers(req), headers(resp));
+            not_storable(&rq, &Directives::of(&rq), StatusCode::from_u16(status).unwrap(), &rs, &Directives::of(&rs))
+        };
+        assert_eq!(no(&[], 200, &[("cache-control", "max-age=10")]), None);
+        assert!(no(&[], 200, &[("cache-control", "no-store")]).is_some());
+        assert_eq!(no(&[], 200, &[("cache-control", "no-store, must-understand, max-age=5")]), None);
+        assert!(no(&[], 200, &[("cache-control", "private, max-age=5")]).is_some());
+        assert_eq!(no(&[], 200, &[("cache-control", "private=\"x-a\", max-age=5")]), None);
+        assert!(no(&[("authorization", "x")], 200, &[("cache-control", "max-age=5")]).is_some());
+        assert_eq!(no(&[("authorization", "x")], 200, &[("cache-control", "s-maxage=5")]), None);
+        assert!(no(&[("cache-control", "no-store")], 200, &[("cache-control", "max-age=5")]).is_some());
+        assert!(no(&[], 302, &[]).is_some(), "302 needs explicit freshness");
+        assert_eq!(no(&[], 302, &[("cache-control", "max-age=5")]), None);
+        assert_eq!(no(&[], 404, &[]), None);
+        assert!(no(&[], 206, &[("cache-control", "max-age=5")]).is_some());
+        assert!(no(&[], 599, &[("cache-control", "max-age=5")]).is_some());
+        assert!(no(&[], 200, &[("cache-control", "max-age=5"), ("vary", "accept, *")]).is_some());
+    }
+
+    #[test]
+    fn stale_on_error() {
+        let plain = Directives::default();
+        let cc = |s: &str| Directives::of(&headers(&[("cache-control", s)]));
+        assert!(stale_if_error(&plain, &cc("stale-if-error=60"), 30, 0));
+        assert!(!stale_if_error(&plain, &cc("stale-if-error=10"), 30, 0));
+        assert!(stale_if_error(&plain, &plain, 30, 60), "the server's default");
+        assert!(stale_if_error(&cc("stale-if-error=40"), &plain, 30, 0), "the request's");
+        assert!(!stale_if_error(&plain, &cc("must-revalidate, stale-if-error=60"), 30, 0));
+        assert!(pragma_no_cache(&headers(&[("pragma", "no-cache")])));
+        assert!(!pragma_no_cache(&headers(&[("pragma", "no-cache"), ("cache-control", "max-age=5")])));
+    }
+}
