@@ -256,7 +256,8 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Resp {
         let cc = Directives::of(&e.stored.headers);
         let lifetime = policy::freshness_lifetime(e.stored.status, &e.stored.headers, &cc, e.stored.times);
         let age = policy::current_age(&e.stored.headers, e.stored.times, now);
-        match policy::usable(&req_cc, pragma, &cc, age, lifetime) {
+        let age_ms = policy::current_age_ms(&e.stored.headers, e.stored.times, now);
+        match policy::usable(&req_cc, pragma, &cc, age_ms, lifetime) {
             Use::Fresh => {
                 p.counters.hits.fetch_add(1, Ordering::Relaxed);
                 return serve(app, store, e, &req, age, "HIT").await;
@@ -551,7 +552,8 @@ async fn after_flight(
         let lifetime = policy::freshness_lifetime(e.stored.status, &e.stored.headers, &cc, e.stored.times);
         let age = policy::current_age(&e.stored.headers, e.stored.times, now_ms());
         let req_cc = Directives::of(req.headers());
-        if policy::usable(&req_cc, policy::pragma_no_cache(req.headers()), &cc, age, lifetime) == Use::Fresh {
+        let age_ms = policy::current_age_ms(&e.stored.headers, e.stored.times, now_ms());
+        if policy::usable(&req_cc, policy::pragma_no_cache(req.headers()), &cc, age_ms, lifetime) == Use::Fresh {
             p.counters.hits.fetch_add(1, Ordering::Relaxed);
             return serve(app, store, e, &req, age, "HIT").await;
         }
@@ -662,7 +664,7 @@ fn storable_headers(resp: &HeaderMap, cc: &Directives) -> HeaderMap {
             h.remove(n);
         }
     }
-    h.remove(AGE);
+    // Age stays: it is the age_value the current age is computed from (sent replaced).
     h.remove(X_CACHE.clone());
     h
 }
@@ -737,7 +739,7 @@ async fn refresh(app: &Arc<App>, key: &[u8], stored_ms: u64, mut old: Stored, h:
     }
     let fresh = origin::end_to_end(h);
     for name in fresh.keys() {
-        if [CONTENT_LENGTH, hyper::header::CONTENT_ENCODING, CONTENT_RANGE, AGE].contains(name) || *name == X_CACHE {
+        if [CONTENT_LENGTH, hyper::header::CONTENT_ENCODING, CONTENT_RANGE].contains(name) || *name == X_CACHE {
             continue;
         }
         old.headers.remove(name);

@@ -283,8 +283,14 @@ pub fn freshness_lifetime(status: StatusCode, h: &HeaderMap, cc: &Directives, ti
     }
 }
 
-/// The current age of a stored response in seconds (§4.2.3), at `now_ms`.
+/// The current age of a stored response in seconds (§4.2.3), at `now_ms`: what `Age` says.
 pub fn current_age(h: &HeaderMap, times: Times, now_ms: u64) -> u64 {
+    current_age_ms(h, times, now_ms) / 1000
+}
+
+/// [`current_age`] in milliseconds, which freshness is decided on: a response 300 ms old is
+/// not "0 seconds" old for a request's `max-age=0`.
+pub fn current_age_ms(h: &HeaderMap, times: Times, now_ms: u64) -> u64 {
     let date_ms = match single(h, &DATE) {
         Ok(Some(d)) => parse_date(d).map(|s| s * 1000),
         _ => None,
@@ -299,7 +305,7 @@ pub fn current_age(h: &HeaderMap, times: Times, now_ms: u64) -> u64 {
     let corrected_age = age_value * 1000 + delay;
     let initial = apparent.max(corrected_age);
     let resident = now_ms.saturating_sub(times.response_ms);
-    (initial + resident) / 1000
+    initial + resident
 }
 
 /// Whether a stored response may be served stale at all (§4.2.4, §5.2.2.2, §5.2.2.8, §5.2.2.10).
@@ -321,21 +327,22 @@ pub enum Use {
 }
 
 /// Decides how a request (with directives `req`) may use a stored response (directives `cc`)
-/// that is `age` seconds old with a lifetime of `lifetime` seconds.
-pub fn usable(req: &Directives, pragma_no_cache: bool, cc: &Directives, age: u64, lifetime: u64) -> Use {
+/// that is `age_ms` milliseconds old with a lifetime of `lifetime` seconds.
+pub fn usable(req: &Directives, pragma_no_cache: bool, cc: &Directives, age_ms: u64, lifetime: u64) -> Use {
     if req.no_cache || pragma_no_cache || cc.no_cache {
         return Use::Validate;
     }
+    let (age, lifetime) = (age_ms, lifetime.saturating_mul(1000));
     let fresh = age < lifetime;
     // A request's max-age is a limit on age whatever the freshness (§5.2.1.1); malformed
     // request directives are ignored rather than trusted.
     if let Some(Delta::Secs(max)) = req.max_age {
-        if age > max {
+        if age > max * 1000 {
             return Use::Validate;
         }
     }
     if let Some(Delta::Secs(min)) = req.min_fresh {
-        if lifetime.saturating_sub(age) < min || !fresh {
+        if lifetime.saturating_sub(age) < min * 1000 || !fresh {
             return Use::Validate;
         }
     }
@@ -348,12 +355,12 @@ pub fn usable(req: &Directives, pragma_no_cache: bool, cc: &Directives, age: u64
     let stale_for = age - lifetime;
     match req.max_stale {
         Some(Delta::Bare) => return Use::StaleAllowed,
-        Some(Delta::Secs(s)) if stale_for <= s => return Use::StaleAllowed,
+        Some(Delta::Secs(s)) if stale_for <= s * 1000 => return Use::StaleAllowed,
         _ => {}
     }
     // stale-while-revalidate (RFC 5861 §3), unless the request asked for a bound on age.
     if let Some(Delta::Secs(swr)) = cc.stale_while_revalidate {
-        if stale_for <= swr && req.max_age.is_none() && req.min_fresh.is_none() {
+        if stale_for <= swr * 1000 && req.max_age.is_none() && req.min_fresh.is_none() {
             return Use::StaleWhileRevalidate;
         }
     }
@@ -449,18 +456,19 @@ mod tests {
     fn requests_directives_bound_what_is_used() {
         let plain = Directives::default();
         let r = |s: &str| Directives::of(&headers(&[("cache-control", s)]));
-        assert_eq!(usable(&plain, false, &plain, 5, 10), Use::Fresh);
-        assert_eq!(usable(&plain, true, &plain, 5, 10), Use::Validate);
-        assert_eq!(usable(&r("max-age=3"), false, &plain, 5, 10), Use::Validate);
-        assert_eq!(usable(&r("min-fresh=6"), false, &plain, 5, 10), Use::Validate);
-        assert_eq!(usable(&r("min-fresh=5"), false, &plain, 5, 10), Use::Fresh);
-        assert_eq!(usable(&plain, false, &plain, 12, 10), Use::Validate);
-        assert_eq!(usable(&r("max-stale=5"), false, &plain, 12, 10), Use::StaleAllowed);
-        assert_eq!(usable(&r("max-stale=1"), false, &plain, 12, 10), Use::Validate);
-        assert_eq!(usable(&r("max-stale"), false, &r("must-revalidate"), 12, 10), Use::Validate);
-        assert_eq!(usable(&plain, false, &r("stale-while-revalidate=5"), 12, 10), Use::StaleWhileRevalidate);
-        assert_eq!(usable(&plain, false, &r("stale-while-revalidate=1"), 12, 10), Use::Validate);
-        assert_eq!(usable(&plain, false, &r("no-cache"), 1, 10), Use::Validate);
+        assert_eq!(usable(&plain, false, &plain, 5000, 10), Use::Fresh);
+        assert_eq!(usable(&plain, true, &plain, 5000, 10), Use::Validate);
+        assert_eq!(usable(&r("max-age=3"), false, &plain, 5000, 10), Use::Validate);
+        assert_eq!(usable(&r("max-age=0"), false, &plain, 300, 10), Use::Validate, "300 ms is older than 0 s");
+        assert_eq!(usable(&r("min-fresh=6"), false, &plain, 5000, 10), Use::Validate);
+        assert_eq!(usable(&r("min-fresh=5"), false, &plain, 5000, 10), Use::Fresh);
+        assert_eq!(usable(&plain, false, &plain, 12_000, 10), Use::Validate);
+        assert_eq!(usable(&r("max-stale=5"), false, &plain, 12_000, 10), Use::StaleAllowed);
+        assert_eq!(usable(&r("max-stale=1"), false, &plain, 12_000, 10), Use::Validate);
+        assert_eq!(usable(&r("max-stale"), false, &r("must-revalidate"), 12_000, 10), Use::Validate);
+        assert_eq!(usable(&plain, false, &r("stale-while-revalidate=5"), 12_000, 10), Use::StaleWhileRevalidate);
+        assert_eq!(usable(&plain, false, &r("stale-while-revalidate=1"), 12_000, 10), Use::Validate);
+        assert_eq!(usable(&plain, false, &r("no-cache"), 1000, 10), Use::Validate);
     }
 
     #[test]

@@ -151,7 +151,7 @@ mod tests {
         };
         let d = Stored::decode(&s.encode().unwrap()).unwrap();
         assert_eq!((d.kind, d.status, d.times.request_ms, d.times.response_ms), (Kind::Response, s.status, 5, 7));
-        assert_eq!((d.uri, d.headers, d.selecting), (s.uri, s.headers.clone(), s.selecting));
+        assert_eq!((&d.uri, &d.headers, &d.selecting), (&s.uri, &s.headers, &s.selecting));
         let mut big = s.headers.clone();
         big.insert("x-big", HeaderValue::from_str(&"a".repeat(5000)).unwrap());
         assert!(Stored { headers: big, ..s.clone() }.encode().is_none(), "past the limit: not stored");

@@ -1,0 +1,372 @@
+//! Read-through mode (`--origin`) against a scripted origin on loopback: what is stored and for
+//! how long, Age, Vary, the request and response directives, validation, stale content, one
+//! origin fetch per key, invalidation and purge. docs/HTTP-CACHING.md maps each RFC 9111
+//! requirement to the test here that shows it.
+
+mod common;
+
+use common::origin::{http_date, Answer, Origin};
+use common::{Client, Resp, Server};
+use std::time::Duration;
+
+fn proxy(origin: &Origin, extra: &[&str]) -> Server {
+    let url = origin.url();
+    let mut args = vec!["--origin", url.as_str(), "--origin-read-timeout", "5s"];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
+fn get(c: &mut Client, path: &str, headers: &[(&str, &str)]) -> Resp {
+    c.request("GET", path, headers, b"")
+}
+
+fn x_cache(r: &Resp) -> &str {
+    r.header("x-cache").unwrap_or("")
+}
+
+#[test]
+fn freshness_comes_from_s_maxage_max_age_expires_or_the_heuristic_and_age_is_sent() {
+    let o = Origin::start();
+    o.set("/max-age", Answer::ok(b"a", &[("cache-control", "max-age=60")]));
+    o.set("/s-maxage", Answer::ok(b"b", &[("cache-control", "max-age=0, s-maxage=60")]));
+    o.set("/expires", Answer::ok(b"c", &[("date", &http_date(0)), ("expires", &http_date(-60))]));
+    o.set("/heuristic", Answer::ok(b"d", &[("date", &http_date(0)), ("last-modified", &http_date(100_000))]));
+    o.set("/aged", Answer::ok(b"e", &[("cache-control", "max-age=60"), ("age", "30")]));
+    o.set("/too-old", Answer::ok(b"f", &[("cache-control", "max-age=60"), ("age", "90")]));
+    o.set("/nothing", Answer::ok(b"g", &[]));
+    o.set("/bad-expires", Answer::ok(b"h", &[("date", &http_date(0)), ("expires", "0")]));
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    for path in ["/max-age", "/s-maxage", "/expires", "/heuristic", "/aged"] {
+        let first = get(&mut c, path, &[]);
+        assert_eq!((first.status, x_cache(&first)), (200, "MISS"), "{path}");
+        let again = get(&mut c, path, &[]);
+        assert_eq!((again.status, x_cache(&again)), (200, "HIT"), "{path}: {:?}", again.headers);
+        assert_eq!(again.body, first.body);
+        assert_eq!(o.count(path), 1, "{path}: one origin request");
+        assert!(again.header("age").is_some(), "{path}: Age is sent");
+    }
+    let aged = get(&mut c, "/aged", &[]);
+    let age: u64 = aged.header("age").unwrap().parse().unwrap();
+    assert!((30..40).contains(&age), "the origin's Age is carried on: {age}");
+    for path in ["/too-old", "/nothing", "/bad-expires"] {
+        get(&mut c, path, &[]);
+        let again = get(&mut c, path, &[]);
+        assert_ne!(x_cache(&again), "HIT", "{path} is not fresh");
+        assert_eq!(o.count(path), 2, "{path}");
+    }
+}
+
+#[test]
+fn what_is_not_stored_is_passed_through_and_each_request_reaches_the_origin() {
+    let o = Origin::start();
+    o.set("/no-store", Answer::ok(b"a", &[("cache-control", "no-store, max-age=60")]));
+    o.set("/private", Answer::ok(b"b", &[("cache-control", "private, max-age=60")]));
+    o.set("/cookie", Answer::ok(b"c", &[("cache-control", "max-age=60"), ("set-cookie", "a=b")]));
+    o.set("/vary-star", Answer::ok(b"d", &[("cache-control", "max-age=60"), ("vary", "*")]));
+    o.set("/302", Answer::with(302, b"e", &[("location", "/x")]));
+    o.set("/500", Answer::with(500, b"f", &[("cache-control", "max-age=60")]));
+    o.set("/authorized", Answer::ok(b"g", &[("cache-control", "max-age=60")]));
+    o.set("/authorized-public", Answer::ok(b"h", &[("cache-control", "public, max-age=60")]));
+    o.set("/404", Answer::with(404, b"i", &[("cache-control", "max-age=60")]));
+    o.set("/302-fresh", Answer::with(302, b"j", &[("location", "/x"), ("cache-control", "max-age=60")]));
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    for path in ["/no-store", "/private", "/cookie", "/vary-star", "/302", "/500"] {
+        for _ in 0..2 {
+            let r = get(&mut c, path, &[]);
+            assert_ne!(x_cache(&r), "HIT", "{path}");
+        }
+        assert_eq!(o.count(path), 2, "{path}: not stored");
+    }
+    let auth = [("authorization", "Bearer x")];
+    get(&mut c, "/authorized", &auth);
+    get(&mut c, "/authorized", &[]);
+    assert_eq!(o.count("/authorized"), 2, "a response to a request with Authorization is not stored");
+    get(&mut c, "/authorized-public", &auth);
+    let r = get(&mut c, "/authorized-public", &auth);
+    assert_eq!((x_cache(&r), o.count("/authorized-public")), ("HIT", 1), "unless it says public");
+    for path in ["/404", "/302-fresh"] {
+        get(&mut c, path, &[]);
+        let r = get(&mut c, path, &[]);
+        assert_eq!((x_cache(&r), o.count(path)), ("HIT", 1), "{path} with explicit freshness is stored");
+    }
+    // A request's no-store keeps its response out of the store.
+    o.set("/asked-no-store", Answer::ok(b"k", &[("cache-control", "max-age=60")]));
+    get(&mut c, "/asked-no-store", &[("cache-control", "no-store")]);
+    get(&mut c, "/asked-no-store", &[]);
+    assert_eq!(o.count("/asked-no-store"), 2);
+}
+
+#[test]
+fn request_directives_bound_what_the_cache_may_answer() {
+    let o = Origin::start();
+    o.set("/r", Answer::ok(b"body", &[("cache-control", "max-age=2"), ("etag", "\"v1\"")]));
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    assert_eq!(x_cache(&get(&mut c, "/r", &[])), "MISS");
+    assert_eq!(x_cache(&get(&mut c, "/r", &[("cache-control", "max-age=60")])), "HIT");
+    assert_eq!(x_cache(&get(&mut c, "/r", &[("cache-control", "min-fresh=1")])), "HIT");
+    let n = o.count("/r");
+    // no-cache, Pragma: no-cache, max-age=0 and a min-fresh past the lifetime all go to the origin.
+    for h in [
+        ("cache-control", "no-cache"),
+        ("pragma", "no-cache"),
+        ("cache-control", "max-age=0"),
+        ("cache-control", "min-fresh=5"),
+    ] {
+        let r = get(&mut c, "/r", &[h]);
+        assert_ne!(x_cache(&r), "HIT", "{h:?}");
+    }
+    assert_eq!(o.count("/r"), n + 4);
+    // The revalidation carried the stored validator.
+    assert_eq!(o.seen("/r").last().unwrap().header("if-none-match"), Some("\"v1\""));
+    // only-if-cached: a miss is 504, a stored response is served.
+    let miss = get(&mut c, "/absent", &[("cache-control", "only-if-cached")]);
+    assert_eq!(miss.status, 504);
+    assert_eq!(o.count("/absent"), 0);
+    assert_eq!(x_cache(&get(&mut c, "/r", &[("cache-control", "only-if-cached")])), "HIT");
+    // max-stale lets a stale response be served; without it the cache revalidates.
+    std::thread::sleep(Duration::from_millis(3100));
+    let n = o.count("/r");
+    let stale = get(&mut c, "/r", &[("cache-control", "max-stale=60")]);
+    assert_eq!((stale.status, x_cache(&stale), o.count("/r")), (200, "STALE", n));
+    let stale = get(&mut c, "/r", &[("cache-control", "max-stale")]);
+    assert_eq!(x_cache(&stale), "STALE");
+    get(&mut c, "/r", &[]);
+    assert_eq!(o.count("/r"), n + 1);
+}
+
+#[test]
+fn a_304_refreshes_the_stored_header_fields_and_serves_the_stored_body() {
+    let o = Origin::start();
+    let mut a = Answer::ok(b"the body", &[("cache-control", "max-age=1"), ("etag", "\"e1\""), ("x-version", "1")]);
+    a.not_modified = Some(vec![
+        ("cache-control".into(), "max-age=60".into()),
+        ("etag".into(), "\"e1\"".into()),
+        ("x-version".into(), "2".into()),
+    ]);
+    o.set("/v", a);
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    assert_eq!(get(&mut c, "/v", &[]).header("x-version"), Some("1"));
+    std::thread::sleep(Duration::from_millis(1100));
+    let r = get(&mut c, "/v", &[]);
+    assert_eq!((r.status, x_cache(&r), &r.body[..]), (200, "REVALIDATED", &b"the body"[..]));
+    assert_eq!(r.header("x-version"), Some("2"), "the 304's fields replace the stored ones");
+    assert_eq!(o.seen("/v")[1].header("if-none-match"), Some("\"e1\""));
+    // Fresh again for the 304's max-age: a hit, with the refreshed fields, across a restart too.
+    let r = get(&mut c, "/v", &[]);
+    assert_eq!((x_cache(&r), r.header("x-version")), ("HIT", Some("2")));
+    let mut s = s;
+    s.stop();
+    s.restart();
+    let r = s.client().request("GET", "/v", &[], b"");
+    assert_eq!((x_cache(&r), r.header("x-version"), &r.body[..]), ("HIT", Some("2"), &b"the body"[..]));
+    assert_eq!(o.count("/v"), 2);
+    let m = s.client().request("GET", "/_larder/metrics", &[], b"");
+    let text = String::from_utf8_lossy(&m.body);
+    assert!(text.contains("larder_proxy_requests_total{cache=\"hit\"}"), "{text}");
+}
+
+#[test]
+fn client_conditionals_and_ranges_are_answered_from_the_cache() {
+    let o = Origin::start();
+    let lm = http_date(1000);
+    o.set(
+        "/c",
+        Answer::ok(b"0123456789", &[("cache-control", "max-age=60"), ("etag", "\"t\""), ("last-modified", &lm)]),
+    );
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    let r = get(&mut c, "/c", &[("if-none-match", "\"t\"")]);
+    assert_eq!((r.status, x_cache(&r)), (304, "MISS"), "a miss is stored, then the client's condition judged");
+    let r = get(&mut c, "/c", &[("if-none-match", "W/\"t\", \"u\"")]);
+    assert_eq!((r.status, r.header("etag")), (304, Some("\"t\"")));
+    assert_eq!(get(&mut c, "/c", &[("if-none-match", "\"u\"")]).status, 200);
+    assert_eq!(get(&mut c, "/c", &[("if-modified-since", &lm)]).status, 304);
+    let r = get(&mut c, "/c", &[("range", "bytes=2-4")]);
+    assert_eq!((r.status, &r.body[..], r.header("content-range")), (206, &b"234"[..], Some("bytes 2-4/10")));
+    let r = get(&mut c, "/c", &[("range", "bytes=-3"), ("if-range", "\"t\"")]);
+    assert_eq!((r.status, &r.body[..]), (206, &b"789"[..]));
+    let r = get(&mut c, "/c", &[("range", "bytes=2-4"), ("if-range", "\"old\"")]);
+    assert_eq!((r.status, &r.body[..]), (200, &b"0123456789"[..]), "If-Range for another version: the whole");
+    assert_eq!(get(&mut c, "/c", &[("range", "bytes=20-")]).status, 416);
+    let h = c.request("HEAD", "/c", &[], b"");
+    assert_eq!((h.status, h.header("content-length"), x_cache(&h)), (200, Some("10"), "HIT"));
+    assert_eq!(o.count("/c"), 1);
+    // A range on a miss is cut from the whole response the cache fetches and stores.
+    o.set("/m", Answer::ok(b"abcdefghij", &[("cache-control", "max-age=60")]));
+    let r = get(&mut c, "/m", &[("range", "bytes=5-")]);
+    assert_eq!((r.status, &r.body[..], x_cache(&r)), (206, &b"fghij"[..], "MISS"));
+    assert_eq!(o.seen("/m")[0].header("range"), None);
+    assert_eq!(get(&mut c, "/m", &[]).body, b"abcdefghij");
+}
+
+#[test]
+fn responses_that_vary_are_stored_per_variant() {
+    let o = Origin::start();
+    o.set("/v", Answer::ok(b"varied", &[("cache-control", "max-age=60"), ("vary", "Accept-Language")]));
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    let en = [("accept-language", "en")];
+    let fr = [("accept-language", "fr")];
+    assert_eq!(x_cache(&get(&mut c, "/v", &en)), "MISS");
+    assert_eq!(x_cache(&get(&mut c, "/v", &fr)), "MISS");
+    assert_eq!(x_cache(&get(&mut c, "/v", &[])), "MISS");
+    assert_eq!(x_cache(&get(&mut c, "/v", &en)), "HIT");
+    assert_eq!(x_cache(&get(&mut c, "/v", &fr)), "HIT");
+    assert_eq!(x_cache(&get(&mut c, "/v", &[])), "HIT");
+    assert_eq!(o.count("/v"), 3);
+    let langs: Vec<_> = o.seen("/v").iter().map(|s| s.header("accept-language").map(str::to_string)).collect();
+    assert_eq!(langs, vec![Some("en".into()), Some("fr".into()), None], "each variant fetched with its fields");
+}
+
+#[test]
+fn unsafe_methods_go_to_the_origin_and_invalidate_what_is_stored() {
+    let o = Origin::start();
+    o.set("/doc", Answer::ok(b"v1", &[("cache-control", "max-age=60")]));
+    o.set("/other", Answer::ok(b"o", &[("cache-control", "max-age=60")]));
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    get(&mut c, "/doc", &[]);
+    get(&mut c, "/other", &[]);
+    assert_eq!(x_cache(&get(&mut c, "/doc", &[])), "HIT");
+    o.set("/doc", Answer::with(201, b"made", &[("content-location", "/other")]));
+    let r = c.request("POST", "/doc", &[("content-type", "text/plain")], b"new body");
+    assert_eq!((r.status, &r.body[..], x_cache(&r)), (201, &b"made"[..], "PASS"));
+    let seen = o.seen("/doc");
+    let post = seen.iter().find(|s| s.method == "POST").unwrap();
+    assert_eq!((post.body.as_slice(), post.header("content-type")), (&b"new body"[..], Some("text/plain")));
+    assert_eq!(post.header("via"), Some("1.1 larder"));
+    o.set("/doc", Answer::ok(b"v2", &[("cache-control", "max-age=60")]));
+    let r = get(&mut c, "/doc", &[]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("MISS", &b"v2"[..]));
+    assert_eq!(x_cache(&get(&mut c, "/other", &[])), "MISS", "Content-Location on the same host is invalidated");
+    // An error answer invalidates nothing; other methods pass with their bodies.
+    o.set("/doc", Answer::with(500, b"no", &[]));
+    c.request("DELETE", "/doc", &[], b"");
+    o.set("/doc", Answer::ok(b"v3", &[("cache-control", "max-age=60")]));
+    assert_eq!(get(&mut c, "/doc", &[]).body, b"v2");
+    let r = c.request("PATCH", "/doc", &[], b"p");
+    assert_eq!(r.status, 200);
+    assert_eq!(get(&mut c, "/doc", &[]).body, b"v3");
+    let r = c.request("BREW", "/pot", &[], b"");
+    assert_eq!((r.status, x_cache(&r)), (404, "PASS"));
+    assert_eq!(o.seen("/pot")[0].method, "BREW");
+}
+
+#[test]
+fn stale_while_revalidate_answers_at_once_and_refreshes_behind() {
+    let o = Origin::start();
+    o.set("/swr", Answer::ok(b"old", &[("cache-control", "max-age=1, stale-while-revalidate=60")]));
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    get(&mut c, "/swr", &[]);
+    std::thread::sleep(Duration::from_millis(1100));
+    let mut slow = Answer::ok(b"new", &[("cache-control", "max-age=60")]);
+    slow.delay = Duration::from_millis(500);
+    o.set("/swr", slow);
+    let started = std::time::Instant::now();
+    let r = get(&mut c, "/swr", &[]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("STALE", &b"old"[..]));
+    assert!(started.elapsed() < Duration::from_millis(400), "served without waiting for the origin");
+    std::thread::sleep(Duration::from_millis(900));
+    let r = get(&mut c, "/swr", &[]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("HIT", &b"new"[..]));
+    assert_eq!(o.count("/swr"), 2);
+}
+
+#[test]
+fn stale_if_error_serves_stale_when_the_origin_is_down_and_must_revalidate_does_not() {
+    let o = Origin::start();
+    o.set("/sie", Answer::ok(b"kept", &[("cache-control", "max-age=1, stale-if-error=60")]));
+    o.set("/default", Answer::ok(b"kept too", &[("cache-control", "max-age=1")]));
+    o.set("/strict", Answer::ok(b"strict", &[("cache-control", "max-age=1, must-revalidate, stale-if-error=60")]));
+    o.set("/5xx", Answer::ok(b"before", &[("cache-control", "max-age=1, stale-if-error=60")]));
+    let s = proxy(&o, &["--stale-if-error", "1h", "--origin-connect-timeout", "1s"]);
+    let mut c = s.client();
+    for p in ["/sie", "/default", "/strict", "/5xx"] {
+        get(&mut c, p, &[]);
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    o.set("/5xx", Answer::with(503, b"down", &[]));
+    let r = get(&mut c, "/5xx", &[]);
+    assert_eq!((r.status, x_cache(&r), &r.body[..]), (200, "STALE", &b"before"[..]), "a 503 from the origin");
+    o.stop();
+    std::thread::sleep(Duration::from_millis(100));
+    let r = get(&mut c, "/sie", &[]);
+    assert_eq!((r.status, x_cache(&r), &r.body[..]), (200, "STALE", &b"kept"[..]));
+    let r = get(&mut c, "/default", &[]);
+    assert_eq!((r.status, x_cache(&r)), (200, "STALE"), "--stale-if-error's default");
+    let r = get(&mut c, "/strict", &[]);
+    assert_eq!(r.status, 502, "must-revalidate: never stale, {:?}", r.headers);
+    assert_eq!(get(&mut c, "/never-seen", &[]).status, 502);
+}
+
+#[test]
+fn concurrent_misses_for_one_key_share_one_origin_request() {
+    let o = Origin::start();
+    let body = common::bytes(7, 300_000);
+    let mut a = Answer::ok(&body, &[("cache-control", "max-age=60")]);
+    a.delay = Duration::from_millis(700);
+    o.set("/hot", a);
+    let s = proxy(&o, &[]);
+    let addr = s.addr;
+    let threads: Vec<_> = (0..16)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                let range = format!("bytes={}-{}", i * 1000, i * 1000 + 99);
+                let h: Vec<(&str, &str)> = if i % 4 == 3 { vec![("range", range.as_str())] } else { vec![] };
+                (i, get(&mut c, "/hot", &h))
+            })
+        })
+        .collect();
+    for t in threads {
+        let (i, r) = t.join().unwrap();
+        if i % 4 == 3 {
+            assert_eq!((r.status, &r.body[..]), (206, &body[i * 1000..i * 1000 + 100]), "member {i}");
+        } else {
+            assert_eq!((r.status, r.body.len()), (200, body.len()), "member {i}");
+            assert!(r.body == body, "member {i}: the bytes");
+        }
+    }
+    assert_eq!(o.count("/hot"), 1, "one origin request for 16 concurrent misses");
+    let m = s.client().request("GET", "/_larder/metrics", &[], b"");
+    assert!(String::from_utf8_lossy(&m.body).contains("larder_proxy_coalesced_total 15"));
+    // Responses that cannot be stored are not waited on: each request goes on its own.
+    let mut slow = Answer::ok(b"private", &[("cache-control", "private")]);
+    slow.delay = Duration::from_millis(300);
+    o.set("/mine", slow);
+    get(&mut s.client(), "/mine", &[]);
+    let started = std::time::Instant::now();
+    let threads: Vec<_> =
+        (0..4).map(|_| std::thread::spawn(move || get(&mut Client::connect(addr), "/mine", &[]))).collect();
+    for t in threads {
+        assert_eq!(x_cache(&t.join().unwrap()), "PASS");
+    }
+    assert!(started.elapsed() < Duration::from_millis(1000), "passed in parallel: {:?}", started.elapsed());
+}
+
+#[test]
+fn purge_drops_a_stored_response_behind_the_admin_token() {
+    let o = Origin::start();
+    o.set("/p?q=1", Answer::ok(b"x", &[("cache-control", "max-age=60"), ("vary", "accept")]));
+    let tmp = tempfile::tempdir().unwrap();
+    let token = tmp.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let s = proxy(&o, &["--auth-token", token.to_str().unwrap()]);
+    let mut c = s.client();
+    get(&mut c, "/p?q=1", &[("accept", "a")]);
+    get(&mut c, "/p?q=1", &[("accept", "b")]);
+    assert_eq!(x_cache(&get(&mut c, "/p?q=1", &[("accept", "b")])), "HIT");
+    assert_eq!(c.request("POST", "/_larder/purge?uri=larder/p%3Fq%3D1", &[], b"").status, 401);
+    let auth = [("authorization", "Bearer s3cret")];
+    let r = c.request("POST", "/_larder/purge?uri=larder/p%3Fq%3D1", &auth, b"");
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(x_cache(&get(&mut c, "/p?q=1", &[("accept", "a")])), "MISS", "every variant is gone");
+    assert_eq!(x_cache(&get(&mut c, "/p?q=1", &[("accept", "b")])), "MISS");
+    assert_eq!(c.request("POST", "/_larder/purge?uri=larder/nothing", &auth, b"").status, 404);
+    assert_eq!(c.request("POST", "/_larder/purge", &auth, b"").status, 400);
+}
