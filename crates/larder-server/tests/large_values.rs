@@ -2,34 +2,15 @@
 //! downloads are sent chunk by chunk, so the server's memory stays bounded whatever the size.
 
 mod common;
-use common::{bytes, Server};
+use common::{bytes, peak_growth, Server};
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 const MIB: usize = 1 << 20;
 
 fn server() -> Server {
     // A ring of 1 GiB (a quarter of it, 256 MiB, is the largest value), chunks of 1 MiB.
     Server::start(&["--volume-size", "64MiB", "--volume-count", "16", "--chunk-size", "1MiB", "--memory-capacity", "0"])
-}
-
-/// Runs `f` while sampling the server's resident memory; returns `f`'s result and the peak
-/// growth over the memory before it.
-fn peak_growth<T>(s: &Server, f: impl FnOnce() -> T) -> (T, u64) {
-    let before = s.rss();
-    let (peak, done) = (AtomicU64::new(before), AtomicBool::new(false));
-    let out = std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while !done.load(Ordering::Relaxed) {
-                peak.fetch_max(s.rss(), Ordering::Relaxed);
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-        });
-        let out = f();
-        done.store(true, Ordering::Relaxed);
-        out
-    });
-    (out, peak.load(Ordering::Relaxed).saturating_sub(before))
 }
 
 #[test]

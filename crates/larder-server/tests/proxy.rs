@@ -370,3 +370,69 @@ fn purge_drops_a_stored_response_behind_the_admin_token() {
     assert_eq!(c.request("POST", "/_larder/purge?uri=larder/nothing", &auth, b"").status, 404);
     assert_eq!(c.request("POST", "/_larder/purge", &auth, b"").status, 400);
 }
+
+/// GETs `path` on a connection of its own and reads the body as it comes, keeping only its
+/// length and CRC32: (status, X-Cache, length, crc).
+fn stream_get(addr: std::net::SocketAddr, path: &str) -> (u16, String, u64, u32) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: larder\r\n\r\n").unwrap();
+    let mut r = BufReader::with_capacity(1 << 20, s);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (mut len, mut x) = (0u64, String::new());
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (n, v) = l.split_once(':').unwrap();
+        if n.eq_ignore_ascii_case("content-length") {
+            len = v.trim().parse().unwrap();
+        }
+        if n.eq_ignore_ascii_case("x-cache") {
+            x = v.trim().to_string();
+        }
+    }
+    let (mut crc, mut left, mut buf) = (crc32fast::Hasher::new(), len, vec![0; 1 << 20]);
+    while left > 0 {
+        let n = r.read(&mut buf[..left.min(1 << 20) as usize]).unwrap();
+        assert!(n > 0, "the body ended {left} bytes short");
+        crc.update(&buf[..n]);
+        left -= n as u64;
+    }
+    (status, x, len, crc.finalize())
+}
+
+#[test]
+fn a_gibibyte_origin_object_streams_to_eight_clients_with_one_fetch_and_bounded_memory() {
+    let o = Origin::start();
+    let body = common::bytes(3, 1 << 30);
+    let crc = crc32fast::hash(&body);
+    let mut a = Answer::ok(&body, &[("cache-control", "max-age=600"), ("etag", "\"big\"")]);
+    a.delay = Duration::from_millis(300); // every client asks before the head arrives
+    o.set("/gib", a);
+    drop(body);
+    // A ring of 9 × 512 MiB: a quarter of it holds 1 GiB.
+    let s = proxy(&o, &["--volume-size", "512MiB", "--volume-count", "9", "--memory-capacity", "0"]);
+    let addr = s.addr;
+    let (results, growth) = common::peak_growth(&s, || {
+        let clients: Vec<_> = (0..8).map(|_| std::thread::spawn(move || stream_get(addr, "/gib"))).collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect::<Vec<_>>()
+    });
+    for (status, x, len, got) in results {
+        assert_eq!((status, x.as_str(), len, got), (200, "MISS", 1 << 30, crc));
+    }
+    assert_eq!(o.count("/gib"), 1, "one origin request for eight clients");
+    println!("server RSS growth streaming 1 GiB from the origin to 8 clients: {} MiB", growth >> 20);
+    assert!(growth < 128 << 20, "memory grew by {} MiB", growth >> 20);
+    // It was stored as it streamed: the next client is answered from the store.
+    let ((status, x, len, got), growth) = common::peak_growth(&s, || stream_get(addr, "/gib"));
+    assert_eq!((status, x.as_str(), len, got), (200, "HIT", 1 << 30, crc));
+    assert!(growth < 64 << 20, "memory grew by {} MiB serving the stored copy", growth >> 20);
+    assert_eq!(o.count("/gib"), 1);
+}

@@ -300,3 +300,22 @@ pub fn size_of(dir: &Path, suffix: &str) -> u64 {
         .map(|e| e.metadata().unwrap().len())
         .sum()
 }
+
+/// Runs `f` while sampling the server's resident memory; returns `f`'s result and the peak
+/// growth over the memory before it.
+pub fn peak_growth<T>(s: &Server, f: impl FnOnce() -> T) -> (T, u64) {
+    let before = s.rss();
+    let (peak, done) = (std::sync::atomic::AtomicU64::new(before), std::sync::atomic::AtomicBool::new(false));
+    let out = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak.fetch_max(s.rss(), std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        });
+        let out = f();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    });
+    (out, peak.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(before))
+}
