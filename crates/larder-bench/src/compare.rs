@@ -65,6 +65,10 @@ pub struct CompareArgs {
     /// all in RAM, then a million keys over 64 MiB of RAM (memcached with extstore on disk).
     #[arg(long)]
     pub memcached: bool,
+    /// Instead of the nginx suite: larder's read-through mode (`--origin`) next to nginx's
+    /// proxy_cache, both in front of one nginx origin: cold pass, hits, restart without the origin.
+    #[arg(long)]
+    pub proxy: bool,
 }
 
 /// A large-value workload: `conns` connections at once, each making `per_conn` requests.
@@ -400,6 +404,8 @@ pub fn run(a: CompareArgs) -> Result<()> {
     pin_current_thread(a.loader_core);
     let result = if a.memcached {
         crate::memcompare::run_in(&a, &tmp, &machine)
+    } else if a.proxy {
+        crate::proxycompare::run_in(&a, &tmp, &machine)
     } else {
         run_in(&a, &tmp, &machine).map(|(md, runs)| (md, serde_json::to_value(runs).unwrap_or_default()))
     };
@@ -411,7 +417,7 @@ pub fn run(a: CompareArgs) -> Result<()> {
     }
     std::fs::write(a.out.with_extension("md"), &md)?;
     std::fs::write(a.out.with_extension("json"), serde_json::to_vec_pretty(&runs)?)?;
-    if a.memcached {
+    if a.memcached || a.proxy {
         println!("{md}");
         return Ok(());
     }

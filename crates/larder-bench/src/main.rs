@@ -16,6 +16,7 @@ mod large;
 mod memcache;
 mod memcompare;
 mod memory;
+mod proxycompare;
 mod report;
 mod workload;
 

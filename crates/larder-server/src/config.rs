@@ -92,9 +92,10 @@ pub struct ServeArgs {
     /// pieces of its body [default: 60s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub origin_read_timeout: Option<Duration>,
-    /// Read-through mode: how long past its freshness a stored response may be served when the
-    /// origin fails or cannot be reached, for responses that do not say (RFC 5861's
-    /// stale-if-error) [default: 0, never].
+    /// Read-through mode: how long past its freshness a stored response may still be served
+    /// when the origin cannot be reached (refused, timed out, broken off), for responses that
+    /// do not say (RFC 5861's stale-if-error; never past must-revalidate, no-cache or
+    /// s-maxage); 0 turns it off [default: 1h].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub stale_if_error: Option<Duration>,
     /// Read-through mode: how long a request waits for another request's origin fetch of the
@@ -458,7 +459,7 @@ impl ServeArgs {
                 Duration::from_secs(5),
             )?,
             origin_read_timeout: dur(self.origin_read_timeout, &file.origin_read_timeout, Duration::from_secs(60))?,
-            stale_if_error: dur(self.stale_if_error, &file.stale_if_error, Duration::ZERO)?,
+            stale_if_error: dur(self.stale_if_error, &file.stale_if_error, Duration::from_secs(3600))?,
             cache_lock_timeout: dur(self.cache_lock_timeout, &file.cache_lock_timeout, Duration::from_secs(5))?,
             volume_size: size(self.volume_size, &file.volume_size, 1 << 30)?,
             volume_count: self.volume_count.or(file.volume_count).unwrap_or(16),

@@ -22,7 +22,9 @@ pub enum Body {
         rx: tokio::sync::mpsc::Receiver<Result<Bytes, larder_engine::Error>>,
         left: u64,
     },
-    /// Pieces of a body whose length is not known (an origin's chunked answer, passed on).
+    /// Pieces of a body whose length is not known (an origin's chunked answer, passed on). An
+    /// empty piece marks its end: a channel that closes without one was cut short, and the
+    /// body ends with an error, so the client never takes a truncated answer for a whole one.
     Stream {
         rx: tokio::sync::mpsc::Receiver<Result<Bytes, larder_engine::Error>>,
     },
@@ -42,6 +44,11 @@ impl hyper::body::Body for Body {
         match self.get_mut() {
             Body::Full(f) => Pin::new(f).poll_frame(cx).map_err(|e| match e {}),
             Body::Pieces { rx, left } => match rx.poll_recv(cx) {
+                // An end mark (see `Stream`) adds nothing to a body of known length.
+                Poll::Ready(Some(Ok(b))) if b.is_empty() => {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
                 // More than the answer's length is a fault of ours: end the body with an error
                 // rather than let hyper cut it and call the answer complete.
                 Poll::Ready(Some(Ok(b))) if b.len() as u64 > *left => {
@@ -57,9 +64,13 @@ impl hyper::body::Body for Body {
                 Poll::Pending => Poll::Pending,
             },
             Body::Stream { rx } => match rx.poll_recv(cx) {
+                Poll::Ready(Some(Ok(b))) if b.is_empty() => {
+                    rx.close();
+                    Poll::Ready(None)
+                }
                 Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
                 Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Ready(None) => Poll::Ready(Some(Err("the body was cut short".into()))),
                 Poll::Pending => Poll::Pending,
             },
         }

@@ -58,10 +58,13 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
     }
     // Read-through mode: everything outside larder's admin namespace goes to the proxy.
     if app.proxy.is_some() && !req.uri().path().starts_with("/_larder/") {
+        let mut req = req;
         if app.settings.auth_reads {
             if let Some(refused) = unauthorized(app, req.headers()) {
                 return refused;
             }
+            // larder's own token is not the origin's business (nor a reason not to store).
+            req.headers_mut().remove(AUTHORIZATION);
         }
         return Box::pin(crate::proxy::handle(app, req)).await;
     }

@@ -62,17 +62,21 @@ fn what_is_not_stored_is_passed_through_and_each_request_reaches_the_origin() {
     let o = Origin::start();
     o.set("/no-store", Answer::ok(b"a", &[("cache-control", "no-store, max-age=60")]));
     o.set("/private", Answer::ok(b"b", &[("cache-control", "private, max-age=60")]));
-    o.set("/cookie", Answer::ok(b"c", &[("cache-control", "max-age=60"), ("set-cookie", "a=b")]));
+    o.set(
+        "/cookie",
+        Answer::ok(b"c", &[("cache-control", "max-age=60, no-cache=\"set-cookie\""), ("set-cookie", "a=b")]),
+    );
     o.set("/vary-star", Answer::ok(b"d", &[("cache-control", "max-age=60"), ("vary", "*")]));
     o.set("/302", Answer::with(302, b"e", &[("location", "/x")]));
-    o.set("/500", Answer::with(500, b"f", &[("cache-control", "max-age=60")]));
+    o.set("/500", Answer::with(500, b"f", &[]));
     o.set("/authorized", Answer::ok(b"g", &[("cache-control", "max-age=60")]));
     o.set("/authorized-public", Answer::ok(b"h", &[("cache-control", "public, max-age=60")]));
     o.set("/404", Answer::with(404, b"i", &[("cache-control", "max-age=60")]));
     o.set("/302-fresh", Answer::with(302, b"j", &[("location", "/x"), ("cache-control", "max-age=60")]));
     let s = proxy(&o, &[]);
     let mut c = s.client();
-    for path in ["/no-store", "/private", "/cookie", "/vary-star", "/302", "/500"] {
+    o.set("/cdn-private", Answer::ok(b"l", &[("cdn-cache-control", "private"), ("cache-control", "max-age=60")]));
+    for path in ["/no-store", "/private", "/vary-star", "/302", "/500", "/cdn-private"] {
         for _ in 0..2 {
             let r = get(&mut c, path, &[]);
             assert_ne!(x_cache(&r), "HIT", "{path}");
@@ -86,11 +90,19 @@ fn what_is_not_stored_is_passed_through_and_each_request_reaches_the_origin() {
     get(&mut c, "/authorized-public", &auth);
     let r = get(&mut c, "/authorized-public", &auth);
     assert_eq!((x_cache(&r), o.count("/authorized-public")), ("HIT", 1), "unless it says public");
-    for path in ["/404", "/302-fresh"] {
+    o.set("/500-fresh", Answer::with(500, b"m", &[("cache-control", "max-age=60")]));
+    o.set("/cdn", Answer::ok(b"n", &[("cdn-cache-control", "max-age=60"), ("cache-control", "no-store")]));
+    for path in ["/404", "/302-fresh", "/500-fresh", "/cdn"] {
         get(&mut c, path, &[]);
         let r = get(&mut c, path, &[]);
         assert_eq!((x_cache(&r), o.count(path)), ("HIT", 1), "{path} with explicit freshness is stored");
     }
+    // A response that sets a cookie is stored (RFC 9111 leaves it to the origin), but a field
+    // named by no-cache="…" is never served from the store.
+    let first = get(&mut c, "/cookie", &[]);
+    assert_eq!(first.header("set-cookie"), Some("a=b"), "the response fetched goes on whole");
+    let again = get(&mut c, "/cookie", &[]);
+    assert_eq!((x_cache(&again), again.header("set-cookie")), ("HIT", None));
     // A request's no-store keeps its response out of the store.
     o.set("/asked-no-store", Answer::ok(b"k", &[("cache-control", "max-age=60")]));
     get(&mut c, "/asked-no-store", &[("cache-control", "no-store")]);
@@ -251,6 +263,11 @@ fn unsafe_methods_go_to_the_origin_and_invalidate_what_is_stored() {
     let r = c.request("PATCH", "/doc", &[], b"p");
     assert_eq!(r.status, 200);
     assert_eq!(get(&mut c, "/doc", &[]).body, b"v3");
+    // A Host that is not a host[:port] could make two URIs one cache key; two are one too many.
+    let mut raw = Client::connect(s.addr);
+    raw.raw(b"GET / HTTP/1.1\r\nHost: a.example/evil\r\n\r\n").unwrap();
+    assert_eq!(raw.read_response(false).unwrap().status, 400);
+    assert_eq!(c.request("GET", "/", &[("host", "b.example")], b"").status, 400);
     let r = c.request("BREW", "/pot", &[], b"");
     assert_eq!((r.status, x_cache(&r)), (404, "PASS"));
     assert_eq!(o.seen("/pot")[0].method, "BREW");
@@ -335,6 +352,26 @@ fn concurrent_misses_for_one_key_share_one_origin_request() {
     assert_eq!(o.count("/hot"), 1, "one origin request for 16 concurrent misses");
     let m = s.client().request("GET", "/_larder/metrics", &[], b"");
     assert!(String::from_utf8_lossy(&m.body).contains("larder_proxy_coalesced_total 15"));
+    // A response that may not be shared (private) is never handed to the requests that
+    // joined its fetch: each of them fetches its own.
+    let mut private = Answer::ok(b"yours only", &[("cache-control", "private, max-age=60")]);
+    private.delay = Duration::from_millis(300);
+    o.set("/account", private);
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let cookie = format!("session={i}");
+                get(&mut Client::connect(addr), "/account", &[("cookie", cookie.as_str())])
+            })
+        })
+        .collect();
+    for t in threads {
+        let r = t.join().unwrap();
+        assert_eq!((r.status, x_cache(&r)), (200, "PASS"));
+    }
+    let mut cookies: Vec<_> = o.seen("/account").iter().map(|s| s.header("cookie").unwrap().to_string()).collect();
+    cookies.sort();
+    assert_eq!(cookies, ["session=0", "session=1", "session=2", "session=3"], "one origin request each");
     // Responses that cannot be stored are not waited on: each request goes on its own.
     let mut slow = Answer::ok(b"private", &[("cache-control", "private")]);
     slow.delay = Duration::from_millis(300);

@@ -62,12 +62,14 @@ http {{
         .arg(dir.join("error.log"))
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {bin} ({e}); scripts/install-bench-deps.sh installs nginx"));
+    let n = Nginx { child, port };
     for _ in 0..200 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Nginx { child, port };
+            return n;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    drop(n);
     panic!("nginx did not start: {}", std::fs::read_to_string(dir.join("error.log")).unwrap_or_default());
 }
 

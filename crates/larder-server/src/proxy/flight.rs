@@ -16,8 +16,11 @@ use tokio::sync::{mpsc, oneshot};
 #[derive(Debug)]
 pub struct Head {
     pub status: StatusCode,
-    /// End-to-end fields, as they go to clients (before `Age`, `X-Cache`).
+    /// End-to-end fields, as they go to the leader's client (before `Age`, `X-Cache`).
     pub headers: HeaderMap,
+    /// Fields only the leader's client receives: those `no-cache="…"` and `private="…"` name,
+    /// which the cache may not reuse for anyone else.
+    pub withheld: Vec<hyper::header::HeaderName>,
     /// Body length, when the origin said it.
     pub len: Option<u64>,
     /// The leader's request fields the response varies on, with their values, for members to
@@ -53,13 +56,20 @@ pub struct Member {
 }
 
 /// One fetch in progress.
-#[derive(Default)]
 pub struct Flight {
     /// Members; `None` once the body began (later requests cannot join).
     pub members: Mutex<Option<Vec<Member>>>,
+    /// Set by an unsafe method's invalidation of the key while the fetch runs: what it
+    /// fetched may predate the change, so it is not stored (RFC 9111 §4.4).
+    pub invalidated: std::sync::atomic::AtomicBool,
 }
 
 impl Flight {
+    /// A flight open to members.
+    pub fn new() -> Flight {
+        Flight { members: Mutex::new(Some(Vec::new())), invalidated: Default::default() }
+    }
+
     /// Adds a member, unless the body has begun.
     pub fn join(&self, m: Member) -> Result<(), Member> {
         match self.members.lock().as_mut() {
@@ -88,7 +98,7 @@ impl Flights {
         if let Some(f) = map.get(key) {
             return (f.clone(), false);
         }
-        let f = Arc::new(Flight { members: Mutex::new(Some(Vec::new())) });
+        let f = Arc::new(Flight::new());
         map.insert(key.to_vec(), f.clone());
         (f, true)
     }
@@ -96,6 +106,13 @@ impl Flights {
     /// Whether a flight of `key` is in progress.
     pub fn busy(&self, key: &[u8]) -> bool {
         self.0.lock().contains_key(key)
+    }
+
+    /// Marks the flight of `key`, if any, as fetching what an unsafe method has since changed.
+    pub fn invalidate(&self, key: &[u8]) {
+        if let Some(f) = self.0.lock().get(key) {
+            f.invalidated.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Removes the flight of `key` if it is `f`.

@@ -95,13 +95,23 @@ impl Proxy {
     }
 }
 
-/// The effective request URI (RFC 9110 §7.1) without the scheme: host (lower-cased) and target.
-fn effective_uri(req: &Request<Incoming>, origin: &Origin) -> Vec<u8> {
+/// The effective request URI (RFC 9110 §7.1) without the scheme: host (lower-cased) and target;
+/// `None` when `Host` is not one valid authority (a `/` in it would make two URIs one key).
+fn effective_uri(req: &Request<Incoming>, origin: &Origin) -> Option<Vec<u8>> {
+    // More than one Host is a bad request (RFC 9112 §3.2).
+    if req.headers().get_all(HOST).iter().nth(1).is_some() {
+        return None;
+    }
     let host = req.headers().get(HOST).map(|h| h.as_bytes()).unwrap_or(origin.authority.as_bytes());
+    let valid = hyper::http::uri::Authority::try_from(host).is_ok_and(|a| a.as_str().len() == host.len())
+        && !host.iter().any(|&b| b == b'@' || b == b'/');
+    if !valid {
+        return None;
+    }
     let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let mut uri = host.to_ascii_lowercase();
     uri.extend_from_slice(target.as_bytes());
-    uri
+    Some(uri)
 }
 
 /// Keys of stored responses start with a byte no HTTP or memcached key of larder's own can.
@@ -232,13 +242,17 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Resp {
         return pass(p, req).await;
     };
     let now = now_ms();
-    let uri = effective_uri(&req, &p.origin);
+    let Some(uri) = effective_uri(&req, &p.origin) else {
+        return text(StatusCode::BAD_REQUEST, "the Host header is not a valid host[:port]\n");
+    };
     let key = cache_key(&uri);
     let h = req.headers();
     // Preconditions that only the origin can judge go to it.
-    if h.contains_key(IF_MATCH) || h.contains_key(IF_UNMODIFIED_SINCE) || p.passing(&key, now) {
+    if h.contains_key(IF_MATCH) || h.contains_key(IF_UNMODIFIED_SINCE) {
         return pass(p, req).await;
     }
+    // A URI whose last response could not be stored: its requests do not wait on each other.
+    let share = if p.passing(&key, now) { Share::Alone } else { Share::Shared };
     let req_cc = Directives::of(h);
     let pragma = policy::pragma_no_cache(h);
     let head = method == Method::HEAD;
@@ -247,13 +261,13 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Resp {
     let mut found = lookup(app, store, &uri, &key, h, part).await;
     // §3.5: a response to a request with Authorization only if the response allows it.
     if let Some(e) = &found {
-        let cc = Directives::of(&e.stored.headers);
+        let cc = Directives::of_response(&e.stored.headers);
         if h.contains_key(AUTHORIZATION) && !(cc.public || cc.must_revalidate || cc.s_maxage.is_some()) {
             found = None;
         }
     }
     if let Some(e) = found {
-        let cc = Directives::of(&e.stored.headers);
+        let cc = Directives::of_response(&e.stored.headers);
         let lifetime = policy::freshness_lifetime(e.stored.status, &e.stored.headers, &cc, e.stored.times);
         let age = policy::current_age(&e.stored.headers, e.stored.times, now);
         let age_ms = policy::current_age_ms(&e.stored.headers, e.stored.times, now);
@@ -266,19 +280,23 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Resp {
                 p.counters.stale.fetch_add(1, Ordering::Relaxed);
                 return serve(app, store, e, &req, age, "STALE").await;
             }
+            // A revalidation in the background is shared: never with a request's credentials.
+            Use::StaleWhileRevalidate if h.contains_key(AUTHORIZATION) => {
+                return fetch(app, req, uri, key, Some(e), Share::Alone).await;
+            }
             Use::StaleWhileRevalidate => {
                 p.counters.stale.fetch_add(1, Ordering::Relaxed);
                 revalidate_in_background(app, &req, &uri, &key, &e);
                 return serve(app, store, e, &req, age, "STALE").await;
             }
             Use::Validate if req_cc.only_if_cached => {}
-            Use::Validate => return fetch(app, req, uri, key, Some(e)).await,
+            Use::Validate => return fetch(app, req, uri, key, Some(e), share).await,
         }
     }
     if req_cc.only_if_cached {
         return text(StatusCode::GATEWAY_TIMEOUT, "not in the cache (only-if-cached)\n");
     }
-    fetch(app, req, uri, key, None).await
+    fetch(app, req, uri, key, None, share).await
 }
 
 /// The fields a stored response is answered with, and `Age`, `X-Cache`, `Via`.
@@ -411,7 +429,8 @@ fn plan(req: &Request<Incoming>, uri: Vec<u8>, key: Vec<u8>, stale: Option<&Entr
     let mut headers = origin::request_headers(req.headers());
     // The cache fetches whole responses it can store; the client's own conditionals and range
     // are answered from that response.
-    for n in [IF_NONE_MATCH, IF_MODIFIED_SINCE, IF_RANGE, RANGE] {
+    // A GET's body (if a client sent one) is not sent: neither are the fields describing it.
+    for n in [IF_NONE_MATCH, IF_MODIFIED_SINCE, IF_RANGE, RANGE, CONTENT_LENGTH, hyper::header::TRANSFER_ENCODING] {
         headers.remove(n);
     }
     let validating = stale.map(|e| (e.key.clone(), e.value().stored_ms, e.stored.clone()));
@@ -440,26 +459,37 @@ fn revalidate_in_background(app: &Arc<App>, req: &Request<Incoming>, uri: &[u8],
     }
 }
 
+/// How a request takes part in an origin fetch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Share {
+    /// Lead or join the key's shared flight.
+    Shared,
+    /// Fetch alone: a request with credentials, a URI passed through, or one that could not use
+    /// another's fetch (another variant, a response that may not be shared, a slow leader).
+    Alone,
+}
+
 /// Fetches a response for a request that found nothing usable (`stale`: what it found).
-async fn fetch(app: &Arc<App>, req: Request<Incoming>, uri: Vec<u8>, key: Vec<u8>, stale: Option<Entry>) -> Resp {
+async fn fetch(
+    app: &Arc<App>,
+    req: Request<Incoming>,
+    uri: Vec<u8>,
+    key: Vec<u8>,
+    stale: Option<Entry>,
+    share: Share,
+) -> Resp {
     let p = app.proxy.as_ref().expect("read-through mode");
     let h = req.headers();
     let head = req.method() == Method::HEAD;
     let range = if head { None } else { crate::headers::range(h).map(|r| (r, h.get(IF_RANGE).cloned())) };
-    // A request with credentials never shares another's fetch.
-    let shared = !h.contains_key(AUTHORIZATION);
-    let (flight, leader) = if shared {
-        p.flights.lead_or_join(&key)
-    } else {
-        (Arc::new(flight::Flight { members: parking_lot::Mutex::new(Some(Vec::new())) }), true)
-    };
+    // A request with credentials never shares another's fetch, nor lets others share its own.
+    let shared = share == Share::Shared && !h.contains_key(AUTHORIZATION);
+    let (flight, leader) = if shared { p.flights.lead_or_join(&key) } else { (Arc::new(flight::Flight::new()), true) };
     let (m, outcome, data) = flight::member(range);
     let (outcome, data) = match flight.join(m) {
         Ok(()) => (outcome, data),
-        Err(_) => {
-            // Its body has begun: wait for the flight's end, bounded, then look again.
-            return after_flight(app, req, uri, key, stale).await;
-        }
+        // Its body has begun: wait for the flight's end, bounded, then look again.
+        Err(_) => return Box::pin(after_flight(app, req, uri, key, stale)).await,
     };
     if leader {
         let plan = plan(&req, uri.clone(), key.clone(), stale.as_ref());
@@ -467,45 +497,57 @@ async fn fetch(app: &Arc<App>, req: Request<Incoming>, uri: Vec<u8>, key: Vec<u8
     } else {
         p.counters.coalesced.fetch_add(1, Ordering::Relaxed);
     }
+    // The leader's own wait is bounded by the origin's timeouts; a member's by the lock timeout.
     let waited = if leader { Ok(outcome.await) } else { tokio::time::timeout(p.lock_timeout, outcome).await };
+    let alone = |req, uri, key, stale| Box::pin(fetch(app, req, uri, key, stale, Share::Alone));
     let outcome = match waited {
         Ok(Ok(o)) => o,
+        Ok(Err(_)) if leader => return text(StatusCode::BAD_GATEWAY, "the origin fetch ended without an answer\n"),
         // The leader is slow (past the lock timeout) or went away: fetch alone.
-        _ => return pass_cached(app, req, uri, key, stale).await,
+        _ => return alone(req, uri, key, stale).await,
     };
     match outcome {
         Outcome::Response(head_, window) => {
-            if !leader && !head_.selecting.is_empty() {
+            if !leader {
+                // A response that is not being stored is the leader's alone (private, no-store,
+                // Set-Cookie…); another variant than this request selects is not its either.
                 let names: Vec<HeaderName> = head_.selecting.iter().map(|(n, _)| n.clone()).collect();
-                if selecting(req.headers(), &names) != head_.selecting {
-                    // Another variant than this request selects: fetch its own.
-                    return pass_cached(app, req, uri, key, stale).await;
+                if !head_.storing || selecting(req.headers(), &names) != head_.selecting {
+                    drop(data);
+                    return alone(req, uri, key, stale).await;
                 }
             }
-            let error = matches!(head_.status.as_u16(), 500 | 502 | 503 | 504);
-            if error {
-                if let Some(e) = stale.filter(|e| stale_on_error(p, &req, e)) {
+            if matches!(head_.status.as_u16(), 500 | 502 | 503 | 504) {
+                if let Some(e) = stale.filter(|e| stale_on_error(p, &req, e, false)) {
                     return serve_stale(app, e, &req).await;
                 }
             }
             respond_from_flight(p, &req, &head_, window, data, leader)
         }
         Outcome::Refreshed => {
-            p.counters.revalidated.fetch_add(1, Ordering::Relaxed);
+            // The refreshed entry, if it is the one this request selects and may use now.
             let store = app.store.get().expect("store is ready");
-            let head = req.method() == Method::HEAD;
-            let range = if head { None } else { crate::headers::range(req.headers()) };
-            let part = if head { Part::Nothing } else { range.map_or(Part::Whole, Part::Range) };
-            match lookup(app, store, &uri, &key, req.headers(), part).await {
-                Some(e) => {
-                    let age = policy::current_age(&e.stored.headers, e.stored.times, now_ms());
-                    serve(app, store, e, &req, age, "REVALIDATED").await
+            let part = if head {
+                Part::Nothing
+            } else {
+                crate::headers::range(req.headers()).map_or(Part::Whole, Part::Range)
+            };
+            if let Some(e) = lookup(app, store, &uri, &key, req.headers(), part).await {
+                let cc = Directives::of_response(&e.stored.headers);
+                let lifetime = policy::freshness_lifetime(e.stored.status, &e.stored.headers, &cc, e.stored.times);
+                let age_ms = policy::current_age_ms(&e.stored.headers, e.stored.times, now_ms());
+                let req_cc = Directives::of(req.headers());
+                let revalidated = stale.as_ref().is_some_and(|s| s.key == e.key);
+                let fresh_now = Directives { no_cache: false, ..req_cc };
+                if revalidated && policy::usable(&fresh_now, false, &cc, age_ms, lifetime) == Use::Fresh {
+                    p.counters.revalidated.fetch_add(1, Ordering::Relaxed);
+                    return serve(app, store, e, &req, age_ms / 1000, "REVALIDATED").await;
                 }
-                None => pass_cached(app, req, uri, key, None).await,
             }
+            alone(req, uri, key, None).await
         }
         Outcome::Failed { message, timeout } => {
-            if let Some(e) = stale.filter(|e| stale_on_error(p, &req, e)) {
+            if let Some(e) = stale.filter(|e| stale_on_error(p, &req, e, true)) {
                 return serve_stale(app, e, &req).await;
             }
             let status = if timeout { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
@@ -515,11 +557,15 @@ async fn fetch(app: &Arc<App>, req: Request<Incoming>, uri: Vec<u8>, key: Vec<u8
 }
 
 /// Whether `e` may be served because the origin failed (RFC 5861 §4, RFC 9111 §4.2.4).
-fn stale_on_error(p: &Proxy, req: &Request<Incoming>, e: &Entry) -> bool {
-    let cc = Directives::of(&e.stored.headers);
+fn stale_on_error(p: &Proxy, req: &Request<Incoming>, e: &Entry, disconnected: bool) -> bool {
+    let cc = Directives::of_response(&e.stored.headers);
     let lifetime = policy::freshness_lifetime(e.stored.status, &e.stored.headers, &cc, e.stored.times);
     let age = policy::current_age(&e.stored.headers, e.stored.times, now_ms());
-    policy::stale_if_error(&Directives::of(req.headers()), &cc, age.saturating_sub(lifetime), p.stale_if_error)
+    // The server's default covers an origin that cannot be reached (RFC 9111 §4.2.4 lets a
+    // disconnected cache serve stale); a 5xx answer needs the response's or request's own
+    // stale-if-error (RFC 5861 §4).
+    let default = if disconnected { p.stale_if_error } else { 0 };
+    policy::stale_if_error(&Directives::of(req.headers()), &cc, age.saturating_sub(lifetime), default)
 }
 
 async fn serve_stale(app: &Arc<App>, e: Entry, req: &Request<Incoming>) -> Resp {
@@ -548,7 +594,7 @@ async fn after_flight(
     let head = req.method() == Method::HEAD;
     let part = if head { Part::Nothing } else { crate::headers::range(req.headers()).map_or(Part::Whole, Part::Range) };
     if let Some(e) = lookup(app, store, &uri, &key, req.headers(), part).await {
-        let cc = Directives::of(&e.stored.headers);
+        let cc = Directives::of_response(&e.stored.headers);
         let lifetime = policy::freshness_lifetime(e.stored.status, &e.stored.headers, &cc, e.stored.times);
         let age = policy::current_age(&e.stored.headers, e.stored.times, now_ms());
         let req_cc = Directives::of(req.headers());
@@ -558,39 +604,7 @@ async fn after_flight(
             return serve(app, store, e, &req, age, "HIT").await;
         }
     }
-    pass_cached(app, req, uri, key, stale).await
-}
-
-/// A fetch of this request's own, outside any shared flight (it may still be stored).
-async fn pass_cached(app: &Arc<App>, req: Request<Incoming>, uri: Vec<u8>, key: Vec<u8>, stale: Option<Entry>) -> Resp {
-    let p = app.proxy.as_ref().expect("read-through mode");
-    let h = req.headers();
-    let head = req.method() == Method::HEAD;
-    let range = if head { None } else { crate::headers::range(h).map(|r| (r, h.get(IF_RANGE).cloned())) };
-    let flight = Arc::new(flight::Flight { members: parking_lot::Mutex::new(Some(Vec::new())) });
-    let (m, outcome, data) = flight::member(range);
-    let _ = flight.join(m);
-    let plan = plan(&req, uri, key, stale.as_ref());
-    tokio::spawn(lead(app.clone(), flight, plan, false));
-    match outcome.await {
-        Ok(Outcome::Response(head_, window)) => respond_from_flight(p, &req, &head_, window, data, true),
-        Ok(Outcome::Refreshed) => match stale {
-            Some(e) => {
-                p.counters.revalidated.fetch_add(1, Ordering::Relaxed);
-                let age = policy::current_age(&e.stored.headers, e.stored.times, now_ms());
-                serve(app, app.store.get().expect("store is ready"), e, &req, age, "REVALIDATED").await
-            }
-            None => text(StatusCode::BAD_GATEWAY, "the origin answered 304 to an unconditional request\n"),
-        },
-        Ok(Outcome::Failed { message, timeout }) => {
-            if let Some(e) = stale.filter(|e| stale_on_error(p, &req, e)) {
-                return serve_stale(app, e, &req).await;
-            }
-            let status = if timeout { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
-            text_owned(status, format!("{message}\n"))
-        }
-        Err(_) => text(StatusCode::BAD_GATEWAY, "the origin fetch ended without an answer\n"),
-    }
+    fetch(app, req, uri, key, stale, Share::Alone).await
 }
 
 /// The answer to a flight member: the response as it streams, or a 304 / 206 of it.
@@ -610,6 +624,7 @@ fn respond_from_flight(
         p.counters.misses.fetch_add(1, Ordering::Relaxed);
     }
     if client_not_modified(req.headers(), head.status, &head.headers) {
+        // A 304's fields are ones the cache may reuse (none of them is ever withheld).
         return not_modified(&head.headers, head.age, x);
     }
     let no_body = req.method() == Method::HEAD
@@ -628,6 +643,11 @@ fn respond_from_flight(
     *r.status_mut() = status;
     answer_headers(&mut r, &head.headers, head.age, x);
     let h = r.headers_mut();
+    if !leader {
+        for n in &head.withheld {
+            h.remove(n);
+        }
+    }
     h.remove(CONTENT_LENGTH);
     if let (Some((s, e)), Some(total)) = (window, head.len) {
         h.insert(CONTENT_RANGE, HeaderValue::try_from(format!("bytes {}-{}/{}", s, e - 1, total)).expect("ASCII"));
@@ -655,6 +675,15 @@ fn keep_until(stored: &Stored, cc: &Directives, default_sie: u64) -> Expiry {
     Expiry::At(stored.times.response_ms.saturating_add(left.min(policy::MAX_DELTA * 50).saturating_mul(1000)))
 }
 
+/// Adds the `Date` a response came without: the time it was received (RFC 9110 §6.6.1), so
+/// that its age is counted from then wherever it is stored or sent.
+fn with_date(h: &mut HeaderMap, received_ms: u64) {
+    if !h.contains_key(hyper::header::DATE) {
+        let t = std::time::UNIX_EPOCH + Duration::from_millis(received_ms);
+        h.insert(hyper::header::DATE, HeaderValue::try_from(httpdate::fmt_http_date(t)).expect("ASCII"));
+    }
+}
+
 /// Fields of a response that are stored and sent on: end-to-end, minus what the cache must not
 /// reuse (`no-cache="…"`, `private="…"` fields) and what it computes itself.
 fn storable_headers(resp: &HeaderMap, cc: &Directives) -> HeaderMap {
@@ -672,7 +701,22 @@ fn storable_headers(resp: &HeaderMap, cc: &Directives) -> HeaderMap {
 /// A flight's leader: fetches from the origin, stores, and streams to the members.
 async fn lead(app: Arc<App>, flight: Arc<flight::Flight>, mut plan: Plan, registered: bool) {
     let p = app.proxy.as_ref().expect("read-through mode");
-    let key = plan.key.clone();
+    // However the leader ends (a panic included), its flight leaves the table and members not
+    // yet answered are told, so nobody waits on it for ever.
+    struct Ends<'a>(&'a Proxy, Vec<u8>, Arc<flight::Flight>, bool);
+    impl Drop for Ends<'_> {
+        fn drop(&mut self) {
+            for m in self.2.close() {
+                if let Some(o) = m.outcome {
+                    let _ = o.send(Outcome::Failed { message: "the origin fetch failed".into(), timeout: false });
+                }
+            }
+            if self.3 {
+                self.0.flights.end(&self.1, &self.2);
+            }
+        }
+    }
+    let _ends = Ends(p, plan.key.clone(), flight.clone(), registered);
     loop {
         let request_ms = now_ms();
         let started = Instant::now();
@@ -724,9 +768,6 @@ async fn lead(app: Arc<App>, flight: Arc<flight::Flight>, mut plan: Plan, regist
         deliver(&app, &flight, &plan, resp, times).await;
         break;
     }
-    if registered {
-        p.flights.end(&key, &flight);
-    }
 }
 
 /// Updates a stored response's header fields from a 304 (RFC 9111 §3.2, §4.3.4); false when
@@ -737,7 +778,8 @@ async fn refresh(app: &Arc<App>, key: &[u8], stored_ms: u64, mut old: Stored, h:
             return false;
         }
     }
-    let fresh = origin::end_to_end(h);
+    let mut fresh = origin::end_to_end(h);
+    with_date(&mut fresh, times.response_ms);
     for name in fresh.keys() {
         if [CONTENT_LENGTH, hyper::header::CONTENT_ENCODING, CONTENT_RANGE].contains(name) || *name == X_CACHE {
             continue;
@@ -752,7 +794,8 @@ async fn refresh(app: &Arc<App>, key: &[u8], stored_ms: u64, mut old: Stored, h:
     if !h.contains_key(AGE) {
         old.headers.remove(AGE);
     }
-    let cc = Directives::of(&old.headers);
+    let cc = Directives::of_response(&old.headers);
+    old.headers = storable_headers(&old.headers, &cc);
     let p = app.proxy.as_ref().expect("read-through mode");
     let expiry = keep_until(&old, &cc, p.stale_if_error);
     let Some(attrs) = old.encode() else { return false };
@@ -768,9 +811,10 @@ async fn refresh(app: &Arc<App>, key: &[u8], stored_ms: u64, mut old: Stored, h:
 async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Response<Incoming>, times: Times) {
     let p = app.proxy.as_ref().expect("read-through mode");
     let (parts, mut body) = resp.into_parts();
-    let cc = Directives::of(&parts.headers);
+    let cc = Directives::of_response(&parts.headers);
     let req_cc = Directives::of(&plan.client);
-    let headers = storable_headers(&parts.headers, &cc);
+    let mut headers = storable_headers(&parts.headers, &cc);
+    with_date(&mut headers, times.response_ms);
     let len = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     let store = app.store.get().expect("store is ready");
     let limit = store.config().max_value_size;
@@ -801,7 +845,10 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
     if let Some(why) = why_not {
         p.counters.not_stored.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(why, "response passed through, not stored");
-        if parts.status.is_success() || parts.status.is_redirection() {
+        // Remembered only for what the response said: a request (its no-store, its
+        // credentials) cannot turn the cache off for everyone else.
+        let asked = req_cc.no_store || plan.client.contains_key(AUTHORIZATION);
+        if !asked && (parts.status.is_success() || parts.status.is_redirection()) {
             p.pass_until.insert(plan.key.clone(), now_ms() + PASS_FOR_MS);
         }
     }
@@ -813,7 +860,26 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
     };
     let age = policy::current_age(&headers, times, now_ms());
     let storing = store_key.is_some();
-    let head = Arc::new(Head { status: parts.status, headers, len, selecting: selecting_values, age, storing });
+    // The leader's client gets the response whole; what the cache may not reuse is withheld
+    // from the others.
+    let mut whole = origin::end_to_end(&parts.headers);
+    whole.remove(X_CACHE.clone());
+    with_date(&mut whole, times.response_ms);
+    let withheld = cc
+        .no_cache_fields
+        .iter()
+        .chain(&cc.private_fields)
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+        .collect();
+    let head = Arc::new(Head {
+        status: parts.status,
+        headers: whole,
+        withheld,
+        len,
+        selecting: selecting_values,
+        age,
+        storing,
+    });
     let mut members = flight.close();
     for m in &mut members {
         let window = match (&m.range, len) {
@@ -863,6 +929,9 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
     };
     let mut wtx = wtx;
     let mut received = 0u64;
+    // Each piece goes to the members one piece late: the last is held until the response is
+    // stored, so that a client that has the whole response finds it stored on its next request.
+    let mut held: Option<Bytes> = None;
     let broke = loop {
         match p.origin.next(&mut body).await {
             Ok(Some(d)) => {
@@ -875,7 +944,9 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
                         wtx = None;
                     }
                 }
-                send_to_members(&mut live, d, p.origin.read_timeout).await;
+                if let Some(prev) = held.replace(d) {
+                    send_to_members(&mut live, prev, p.origin.read_timeout).await;
+                }
                 if live.is_empty() && wtx.is_none() {
                     break false; // nobody is listening and nothing is stored
                 }
@@ -891,13 +962,13 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
     if broke {
         for m in &live {
             let _ =
-                m.data.send(Err(larder_engine::Error::new(larder_engine::ErrorKind::Io, "the origin broke off"))).await;
+                m.data.try_send(Err(larder_engine::Error::new(larder_engine::ErrorKind::Io, "the origin broke off")));
         }
         return; // the writer is dropped unfinished: nothing is stored
     }
-    drop(live);
     if let (Some(tx), Some(task)) = (wtx, writing) {
-        if len.is_none_or(|l| l == received) {
+        let invalidated = flight.invalidated.load(Ordering::Relaxed);
+        if len.is_none_or(|l| l == received) && !invalidated {
             let _ = tx.send(None).await;
         }
         drop(tx);
@@ -910,6 +981,13 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
             Ok(Err(e)) => tracing::warn!(error = %e, "a response could not be stored"),
             Err(e) => tracing::error!(error = %e, "the store writer panicked"),
         }
+    }
+    if let Some(last) = held {
+        send_to_members(&mut live, last, p.origin.read_timeout).await;
+    }
+    // The end, said explicitly: a body of unknown length that just stops was cut short.
+    for m in &live {
+        let _ = tokio::time::timeout(p.origin.read_timeout, m.data.send(Ok(Bytes::new()))).await;
     }
 }
 
@@ -937,7 +1015,9 @@ async fn send_to_members(live: &mut Vec<Member>, d: Bytes, timeout: Duration) {
         if ok {
             i += 1;
         } else {
-            live.swap_remove(i);
+            // Told, where its channel has room, so a body of unknown length does not look whole.
+            let gone = live.swap_remove(i);
+            let _ = gone.data.try_send(Err(larder_engine::Error::new(larder_engine::ErrorKind::Io, "fell behind")));
         }
     }
 }
@@ -1002,7 +1082,10 @@ fn relay(p: &Proxy, r: Response<Incoming>, head: bool) -> Resp {
             loop {
                 let piece = match tokio::time::timeout(timeout, http_body_util::BodyExt::frame(&mut body)).await {
                     Err(_) => Err(larder_engine::Error::new(larder_engine::ErrorKind::Io, "the origin timed out")),
-                    Ok(None) => break,
+                    Ok(None) => {
+                        let _ = tx.send(Ok(Bytes::new())).await; // the end mark
+                        break;
+                    }
                     Ok(Some(Err(e))) => Err(larder_engine::Error::new(larder_engine::ErrorKind::Io, e.to_string())),
                     Ok(Some(Ok(f))) => match f.into_data() {
                         Ok(d) => Ok(d),
@@ -1036,7 +1119,9 @@ fn relay(p: &Proxy, r: Response<Incoming>, head: bool) -> Resp {
 /// for the URI and for `Location` / `Content-Location` on the same host (RFC 9111 §4.4).
 async fn unsafe_method(app: &Arc<App>, p: &Proxy, req: Request<Incoming>) -> Resp {
     let safe = matches!(*req.method(), Method::OPTIONS | Method::TRACE);
-    let uri = effective_uri(&req, &p.origin);
+    let Some(uri) = effective_uri(&req, &p.origin) else {
+        return text(StatusCode::BAD_REQUEST, "the Host header is not a valid host[:port]\n");
+    };
     let host_len = uri.iter().position(|&b| b == b'/').unwrap_or(uri.len());
     let host = uri[..host_len].to_vec();
     let r = pass(p, req).await;
@@ -1054,6 +1139,7 @@ async fn unsafe_method(app: &Arc<App>, p: &Proxy, req: Request<Incoming>) -> Res
         for u in uris {
             let key = cache_key(&u);
             p.pass_until.remove(&key);
+            p.flights.invalidate(&key);
             if invalidate(app, store, key).await {
                 p.counters.invalidations.fetch_add(1, Ordering::Relaxed);
             }

@@ -127,9 +127,12 @@ const HOP_BY_HOP: [&str; 8] = [
     "proxy-authorization",
 ];
 
-/// Whether `name` is hop-by-hop, by the fixed list or by the message's `Connection` field.
+/// Whether `name` is hop-by-hop, by the fixed list or by the message's `Connection` field
+/// (which cannot make `Host` one: the cache key and the origin must see the same host).
 pub fn hop_by_hop(name: &HeaderName, connection: &[String]) -> bool {
-    HOP_BY_HOP.contains(&name.as_str()) || name == "proxy-authenticate" || connection.iter().any(|c| c == name.as_str())
+    HOP_BY_HOP.contains(&name.as_str())
+        || name == "proxy-authenticate"
+        || (name != HOST && connection.iter().any(|c| c == name.as_str()))
 }
 
 /// The field names a message's `Connection` header lists.
@@ -160,8 +163,7 @@ pub fn request_headers(client: &HeaderMap) -> HeaderMap {
     let mut h = end_to_end(client);
     h.remove(TRANSFER_ENCODING);
     h.remove(UPGRADE);
-    h.append(VIA, HeaderValue::from_static(VIA_VALUE));
     // Without a Host (an HTTP/1.0 client), hyper's client sends the origin's.
-    debug_assert!(h.contains_key(HOST) || !client.contains_key(HOST));
+    h.append(VIA, HeaderValue::from_static(VIA_VALUE));
     h
 }

@@ -43,6 +43,8 @@ pub struct Directives {
     pub proxy_revalidate: bool,
     pub must_understand: bool,
     pub only_if_cached: bool,
+    /// Read from `CDN-Cache-Control` (RFC 9213): `Cache-Control` and `Expires` do not count.
+    pub targeted: bool,
 }
 
 impl Directives {
@@ -56,6 +58,12 @@ impl Directives {
             }
         }
         d
+    }
+
+    /// A response's directives: from a valid `CDN-Cache-Control` (RFC 9213), which larder as a
+    /// CDN-like cache obeys instead of `Cache-Control` and `Expires`, else from `Cache-Control`.
+    pub fn of_response(h: &HeaderMap) -> Directives {
+        cdn_directives(h).unwrap_or_else(|| Directives::of(h))
     }
 
     fn add(&mut self, name: &str, arg: Option<String>) {
@@ -97,6 +105,150 @@ impl Directives {
             _ => {}
         }
     }
+}
+
+/// The directives of `CDN-Cache-Control`, if present and a valid Structured Field dictionary
+/// (RFC 8941); a member whose value has the wrong type is ignored (RFC 9213 §2.1).
+fn cdn_directives(h: &HeaderMap) -> Option<Directives> {
+    let lines: Vec<&str> = h.get_all("cdn-cache-control").iter().map(|v| v.to_str().ok()).collect::<Option<_>>()?;
+    if lines.is_empty() {
+        return None;
+    }
+    let members = sf_dictionary(&lines.join(", "))?;
+    let mut d = Directives { targeted: true, ..Directives::default() };
+    for (key, value) in members {
+        match (key.as_str(), value) {
+            ("max-age" | "s-maxage" | "stale-while-revalidate" | "stale-if-error", SfValue::Int(n)) if n >= 0 => {
+                d.add(&key, Some(n.min(MAX_DELTA as i64).to_string()))
+            }
+            (
+                "no-store" | "no-cache" | "private" | "public" | "must-revalidate" | "proxy-revalidate",
+                SfValue::True,
+            ) => d.add(&key, None),
+            _ => {}
+        }
+    }
+    Some(d)
+}
+
+/// A Structured Field dictionary member's value, as far as cache directives need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SfValue {
+    True,
+    Int(i64),
+    Other,
+}
+
+/// Parses a Structured Field dictionary (RFC 8941 §4.2.2); `None` when the field is invalid.
+fn sf_dictionary(s: &str) -> Option<Vec<(String, SfValue)>> {
+    let b = s.trim_matches(' ').as_bytes();
+    let mut i = 0;
+    let mut out = Vec::new();
+    let key = |i: &mut usize| -> Option<String> {
+        let start = *i;
+        if !matches!(b.get(*i), Some(c) if c.is_ascii_lowercase() || *c == b'*') {
+            return None;
+        }
+        while matches!(b.get(*i), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit() || b"_-.*".contains(c)) {
+            *i += 1;
+        }
+        Some(String::from_utf8_lossy(&b[start..*i]).into_owned())
+    };
+    // A bare item: its kind, and where it ends.
+    let item = |i: &mut usize| -> Option<SfValue> {
+        match *b.get(*i)? {
+            b'?' => {
+                let v = *b.get(*i + 1)?;
+                *i += 2;
+                match v {
+                    b'1' => Some(SfValue::True),
+                    b'0' => Some(SfValue::Other),
+                    _ => None,
+                }
+            }
+            b'"' => {
+                *i += 1;
+                loop {
+                    match *b.get(*i)? {
+                        b'\\' => *i += 2,
+                        b'"' => {
+                            *i += 1;
+                            return Some(SfValue::Other);
+                        }
+                        c if (0x20..0x7f).contains(&c) => *i += 1,
+                        _ => return None,
+                    }
+                }
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = *i;
+                *i += 1;
+                while matches!(b.get(*i), Some(c) if c.is_ascii_digit() || *c == b'.') {
+                    *i += 1;
+                }
+                let text = std::str::from_utf8(&b[start..*i]).ok()?;
+                if text.contains('.') {
+                    text.parse::<f64>().ok().map(|_| SfValue::Other)
+                } else if text.trim_start_matches('-').len() <= 15 {
+                    text.parse::<i64>().ok().map(SfValue::Int)
+                } else {
+                    None
+                }
+            }
+            b':' => {
+                let end = b[*i + 1..].iter().position(|&c| c == b':')?;
+                *i += end + 2;
+                Some(SfValue::Other)
+            }
+            c if c.is_ascii_alphabetic() || c == b'*' => {
+                while matches!(b.get(*i), Some(c) if c.is_ascii_graphic() && !b"\",;()<>=@[]{}?/".contains(c) || *c == b':' || *c == b'/')
+                {
+                    *i += 1;
+                }
+                Some(SfValue::Other)
+            }
+            _ => None,
+        }
+    };
+    while i < b.len() {
+        let k = key(&mut i)?;
+        let v = if b.get(i) == Some(&b'=') {
+            i += 1;
+            item(&mut i)?
+        } else {
+            SfValue::True
+        };
+        // Parameters: `;key[=item]`, which change nothing here.
+        while b.get(i) == Some(&b';') {
+            i += 1;
+            while b.get(i) == Some(&b' ') {
+                i += 1;
+            }
+            key(&mut i)?;
+            if b.get(i) == Some(&b'=') {
+                i += 1;
+                item(&mut i)?;
+            }
+        }
+        out.push((k, v));
+        while matches!(b.get(i), Some(b' ' | b'\t')) {
+            i += 1;
+        }
+        if i == b.len() {
+            break;
+        }
+        if b[i] != b',' {
+            return None;
+        }
+        i += 1;
+        while matches!(b.get(i), Some(b' ' | b'\t')) {
+            i += 1;
+        }
+        if i == b.len() {
+            return None; // a trailing comma
+        }
+    }
+    Some(out)
 }
 
 /// Splits a `Cache-Control` value into lower-cased directive names and their arguments
@@ -217,21 +369,14 @@ pub fn not_storable(
     if req.contains_key(AUTHORIZATION) && !(cc.public || cc.must_revalidate || cc.s_maxage.is_some()) {
         return Some("a response to a request with Authorization");
     }
-    if !understood(status) {
-        return Some("a status larder does not cache");
-    }
     if resp.get_all(hyper::header::VARY).iter().any(|v| v.to_str().is_ok_and(|v| v.split(',').any(|f| f.trim() == "*")))
     {
         return Some("Vary: *");
     }
-    // Responses that set cookies are stored only when the origin says they are shared.
-    if resp.contains_key(hyper::header::SET_COOKIE) && !(cc.public || cc.s_maxage.is_some()) {
-        return Some("Set-Cookie without public or s-maxage");
-    }
     let explicit = cc.public
         || cc.s_maxage.is_some()
         || cc.max_age.is_some()
-        || resp.contains_key(EXPIRES)
+        || (!cc.targeted && resp.contains_key(EXPIRES))
         || heuristically_cacheable(status);
     if !explicit {
         return Some("no explicit freshness and not heuristically cacheable");
@@ -268,6 +413,7 @@ pub fn freshness_lifetime(status: StatusCode, h: &HeaderMap, cc: &Directives, ti
     }
     .unwrap_or(times.response_ms / 1000);
     match single(h, &EXPIRES) {
+        _ if cc.targeted => {}
         Ok(Some(e)) => return parse_date(e).map_or(0, |e| e.saturating_sub(date)),
         Err(()) => return 0,
         Ok(None) => {}
@@ -296,10 +442,13 @@ pub fn current_age_ms(h: &HeaderMap, times: Times, now_ms: u64) -> u64 {
         _ => None,
     }
     .unwrap_or(times.response_ms);
-    let age_value = match single(h, &hyper::header::AGE) {
-        Ok(Some(a)) => parse_delta(a).unwrap_or(0),
-        _ => 0,
-    };
+    // The first member of the first line (RFC 9111 §5.1: a list is invalid, its first value
+    // counts; an invalid one is no Age at all).
+    let age_value = h
+        .get(hyper::header::AGE)
+        .and_then(|a| a.to_str().ok())
+        .and_then(|a| parse_delta(a.split(',').next().unwrap_or("").trim()))
+        .unwrap_or(0);
     let apparent = times.response_ms.saturating_sub(date_ms);
     let delay = times.response_ms.saturating_sub(times.request_ms);
     let corrected_age = age_value * 1000 + delay;
@@ -450,6 +599,10 @@ mod tests {
         assert_eq!(current_age(&headers(&[("date", &date), ("age", "10")]), t, 1_000_008_000), 17);
         assert_eq!(current_age(&headers(&[("date", &date)]), t, 1_000_008_000), 8);
         assert_eq!(current_age(&headers(&[]), t, 1_000_003_500), 2);
+        // A list, or two lines: the first value counts.
+        assert_eq!(current_age(&headers(&[("age", "7200, 0")]), t, 1_000_003_000), 7202);
+        assert_eq!(current_age(&headers(&[("age", "7200"), ("age", "0")]), t, 1_000_003_000), 7202);
+        assert_eq!(current_age(&headers(&[("age", "x")]), t, 1_000_003_000), 2);
     }
 
     #[test]
@@ -489,8 +642,36 @@ mod tests {
         assert_eq!(no(&[], 302, &[("cache-control", "max-age=5")]), None);
         assert_eq!(no(&[], 404, &[]), None);
         assert!(no(&[], 206, &[("cache-control", "max-age=5")]).is_some());
-        assert!(no(&[], 599, &[("cache-control", "max-age=5")]).is_some());
+        assert_eq!(no(&[], 599, &[("cache-control", "max-age=5")]), None);
+        assert!(no(&[], 599, &[("cache-control", "max-age=5, no-store, must-understand")]).is_some());
         assert!(no(&[], 200, &[("cache-control", "max-age=5"), ("vary", "accept, *")]).is_some());
+        assert_eq!(no(&[], 500, &[("cache-control", "max-age=5")]), None, "any final status with freshness");
+        assert_eq!(no(&[], 200, &[("cache-control", "max-age=5"), ("set-cookie", "a=b")]), None);
+    }
+
+    #[test]
+    fn cdn_cache_control_is_obeyed_when_it_is_a_valid_structured_field() {
+        let t = Times { request_ms: 1_000_000_000, response_ms: 1_000_000_000 };
+        let life = |pairs: &[(&str, &str)]| {
+            let h = headers(pairs);
+            freshness_lifetime(StatusCode::OK, &h, &Directives::of_response(&h), t)
+        };
+        assert_eq!(life(&[("cdn-cache-control", "max-age=3600")]), 3600);
+        assert_eq!(life(&[("cdn-cache-control", "max-age=1"), ("cache-control", "max-age=3600")]), 1);
+        assert_eq!(life(&[("cdn-cache-control", "foobar, max-age=3600"), ("expires", "0")]), 3600);
+        assert_eq!(life(&[("cdn-cache-control", "max-age=99999999999")]), MAX_DELTA);
+        for invalid in ["max-age =100", "max-age= 100", "max-age=10000, &&&&&", "max-age=1,"] {
+            assert_eq!(life(&[("cdn-cache-control", invalid), ("cache-control", "max-age=7")]), 7, "{invalid}");
+        }
+        assert_eq!(life(&[("cdn-cache-control", "max-age=\"10000\""), ("cache-control", "max-age=7")]), 0);
+        let h = headers(&[("cdn-cache-control", "private"), ("cache-control", "max-age=100")]);
+        let d = Directives::of_response(&h);
+        assert!(not_storable(&HeaderMap::new(), &Directives::default(), StatusCode::OK, &h, &d).is_some());
+        let h = headers(&[("cdn-cache-control", "max-age=100"), ("cache-control", "no-store")]);
+        let d = Directives::of_response(&h);
+        assert_eq!(not_storable(&HeaderMap::new(), &Directives::default(), StatusCode::OK, &h, &d), None);
+        let d = Directives::of_response(&headers(&[("cdn-cache-control", "no-cache;a=1, s-maxage=5")]));
+        assert!(d.no_cache && d.s_maxage == Some(Delta::Secs(5)));
     }
 
     #[test]
