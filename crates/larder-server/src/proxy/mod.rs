@@ -902,32 +902,17 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
             live.push(m);
         }
     }
-    // The writer: on the blocking pool, fed piece by piece; it stores only a complete body.
-    let (wtx, writing) = match (store_key, attrs) {
-        (Some(k), Some(a)) => {
+    let mut sink = match (store_key, attrs) {
+        (Some(key), Some(attrs)) => {
             let expiry = keep_until(&description, &cc, p.stale_if_error);
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<Option<Bytes>>(2);
-            let app2 = app.clone();
-            let task = tokio::task::spawn_blocking(move || -> larder_engine::Result<bool> {
-                let store = app2.store.get().expect("store is ready");
-                let opts = PutOptions { expiry, attrs: Some(&a), ..PutOptions::default() };
-                let mut w = store.writer(&k, &opts)?;
-                while let Some(piece) = rx.blocking_recv() {
-                    match piece {
-                        Some(d) => w.write(&d)?,
-                        None => {
-                            w.finish()?;
-                            return Ok(true);
-                        }
-                    }
-                }
-                Ok(false)
-            });
-            (Some(tx), Some(task))
+            let chunk = store.config().chunk_size;
+            match len {
+                Some(l) if l <= chunk => Sink::Gather { key, attrs, expiry, parts: Vec::new() },
+                _ => Sink::stream(app, key, attrs, expiry),
+            }
         }
-        _ => (None, None),
+        _ => Sink::None,
     };
-    let mut wtx = wtx;
     let mut received = 0u64;
     // Each piece goes to the members one piece late: the last is held until the response is
     // stored, so that a client that has the whole response finds it stored on its next request.
@@ -937,17 +922,13 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
             Ok(Some(d)) => {
                 received += d.len() as u64;
                 if received > limit {
-                    wtx = None; // too large to store: passed on only
+                    sink = Sink::None; // too large to store: passed on only
                 }
-                if let Some(tx) = &wtx {
-                    if tx.send(Some(d.clone())).await.is_err() {
-                        wtx = None;
-                    }
-                }
+                sink.push(&d).await;
                 if let Some(prev) = held.replace(d) {
                     send_to_members(&mut live, prev, p.origin.read_timeout).await;
                 }
-                if live.is_empty() && wtx.is_none() {
+                if live.is_empty() && matches!(sink, Sink::None) {
                     break false; // nobody is listening and nothing is stored
                 }
             }
@@ -966,21 +947,14 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
         }
         return; // the writer is dropped unfinished: nothing is stored
     }
-    if let (Some(tx), Some(task)) = (wtx, writing) {
-        let invalidated = flight.invalidated.load(Ordering::Relaxed);
-        if len.is_none_or(|l| l == received) && !invalidated {
-            let _ = tx.send(None).await;
+    let complete = len.is_none_or(|l| l == received) && !flight.invalidated.load(Ordering::Relaxed);
+    match sink.finish(app, complete).await {
+        Ok(true) => {
+            p.counters.stored.fetch_add(1, Ordering::Relaxed);
+            p.pass_until.remove(&plan.key);
         }
-        drop(tx);
-        match task.await {
-            Ok(Ok(true)) => {
-                p.counters.stored.fetch_add(1, Ordering::Relaxed);
-                p.pass_until.remove(&plan.key);
-            }
-            Ok(Ok(false)) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "a response could not be stored"),
-            Err(e) => tracing::error!(error = %e, "the store writer panicked"),
-        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "a response could not be stored"),
     }
     if let Some(last) = held {
         send_to_members(&mut live, last, p.origin.read_timeout).await;
@@ -988,6 +962,84 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
     // The end, said explicitly: a body of unknown length that just stops was cut short.
     for m in &live {
         let _ = tokio::time::timeout(p.origin.read_timeout, m.data.send(Ok(Bytes::new()))).await;
+    }
+}
+
+/// Where a response's body goes in the store while it streams; only a complete body is stored.
+enum Sink {
+    /// Not stored.
+    None,
+    /// A body of known length within a chunk: its pieces kept (shared with the members, not
+    /// copied) and stored in one write at the end, inline when the write need not wait.
+    Gather { key: Vec<u8>, attrs: Vec<u8>, expiry: Expiry, parts: Vec<Bytes> },
+    /// Anything longer, or of unknown length: a writer on the blocking pool fed piece by
+    /// piece, holding about a chunk of it.
+    Stream { tx: tokio::sync::mpsc::Sender<Option<Bytes>>, task: tokio::task::JoinHandle<larder_engine::Result<bool>> },
+}
+
+impl Sink {
+    fn stream(app: &Arc<App>, key: Vec<u8>, attrs: Vec<u8>, expiry: Expiry) -> Sink {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Option<Bytes>>(2);
+        let app = app.clone();
+        let task = tokio::task::spawn_blocking(move || -> larder_engine::Result<bool> {
+            let store = app.store.get().expect("store is ready");
+            let opts = PutOptions { expiry, attrs: Some(&attrs), ..PutOptions::default() };
+            let mut w = store.writer(&key, &opts)?;
+            while let Some(piece) = rx.blocking_recv() {
+                match piece {
+                    Some(d) => w.write(&d)?,
+                    None => {
+                        w.finish()?;
+                        return Ok(true);
+                    }
+                }
+            }
+            Ok(false) // cut short: the writer is dropped and nothing is stored
+        });
+        Sink::Stream { tx, task }
+    }
+
+    async fn push(&mut self, d: &Bytes) {
+        match self {
+            Sink::None => {}
+            Sink::Gather { parts, .. } => parts.push(d.clone()),
+            Sink::Stream { tx, .. } => {
+                if tx.send(Some(d.clone())).await.is_err() {
+                    *self = Sink::None; // the writer failed; its error was logged by finish
+                }
+            }
+        }
+    }
+
+    /// Stores the body if it is `complete`; whether it was stored.
+    async fn finish(self, app: &Arc<App>, complete: bool) -> larder_engine::Result<bool> {
+        match self {
+            Sink::None => Ok(false),
+            Sink::Gather { .. } if !complete => Ok(false),
+            Sink::Gather { key, attrs, expiry, parts } => {
+                let store = app.store.get().expect("store is ready");
+                let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+                let opts = PutOptions { expiry, attrs: Some(&attrs), nonblocking: true, ..PutOptions::default() };
+                match store.put_parts(&key, &slices, &opts) {
+                    Err(e) if e.kind() == larder_engine::ErrorKind::WouldBlock => api::blocking(app, move |s| {
+                        let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+                        let opts = PutOptions { expiry, attrs: Some(&attrs), ..PutOptions::default() };
+                        s.put_parts(&key, &slices, &opts)
+                    })
+                    .await
+                    .map(|_| true),
+                    done => done.map(|_| true),
+                }
+            }
+            Sink::Stream { tx, task } => {
+                if complete {
+                    let _ = tx.send(None).await;
+                }
+                drop(tx);
+                task.await
+                    .unwrap_or_else(|e| Err(larder_engine::Error::new(larder_engine::ErrorKind::Io, e.to_string())))
+            }
+        }
     }
 }
 
