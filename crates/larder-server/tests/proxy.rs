@@ -111,6 +111,58 @@ fn what_is_not_stored_is_passed_through_and_each_request_reaches_the_origin() {
 }
 
 #[test]
+fn response_directives_no_cache_proxy_revalidate_and_duplicates_are_obeyed() {
+    let o = Origin::start();
+    let mut a = Answer::ok(b"checked", &[("cache-control", "max-age=60, no-cache"), ("etag", "\"n\"")]);
+    a.not_modified = Some(vec![("etag".into(), "\"n\"".into())]);
+    o.set("/no-cache", a);
+    o.set("/dup", Answer::ok(b"d", &[("cache-control", "max-age=60, max-age=120")]));
+    o.set("/pr", Answer::ok(b"p", &[("cache-control", "max-age=1, proxy-revalidate")]));
+    let s = proxy(&o, &["--stale-if-error", "1h", "--origin-connect-timeout", "1s"]);
+    let mut c = s.client();
+    assert_eq!(x_cache(&get(&mut c, "/no-cache", &[])), "MISS");
+    let r = get(&mut c, "/no-cache", &[]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("REVALIDATED", &b"checked"[..]), "no-cache: validated before each use");
+    assert_eq!(o.seen("/no-cache")[1].header("if-none-match"), Some("\"n\""));
+    // A reload (max-age=0): one conditional request, then the stored body.
+    let r = get(&mut c, "/no-cache", &[("cache-control", "max-age=0")]);
+    assert_eq!((x_cache(&r), o.count("/no-cache")), ("REVALIDATED", 3));
+    get(&mut c, "/dup", &[]);
+    assert_ne!(x_cache(&get(&mut c, "/dup", &[])), "HIT", "two different max-age: stale");
+    get(&mut c, "/pr", &[]);
+    std::thread::sleep(Duration::from_millis(1100));
+    o.stop();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(get(&mut c, "/pr", &[]).status, 502, "proxy-revalidate: never stale for a shared cache");
+}
+
+#[test]
+fn origin_timeouts_answer_504_and_connections_are_reused() {
+    let o = Origin::start();
+    for i in 0..20 {
+        o.set(&format!("/k{i}"), Answer::ok(b"v", &[("cache-control", "max-age=60")]));
+    }
+    let mut slow = Answer::ok(b"late", &[("cache-control", "max-age=60")]);
+    slow.delay = Duration::from_millis(1500);
+    o.set("/slow", slow);
+    let url = o.url();
+    let s = Server::start(&["--origin", url.as_str(), "--origin-read-timeout", "300ms"]);
+    let mut c = s.client();
+    for i in 0..20 {
+        assert_eq!(get(&mut c, &format!("/k{i}"), &[]).status, 200);
+    }
+    assert!(o.connections() <= 2, "20 misses over {} origin connections: pooled", o.connections());
+    let started = std::time::Instant::now();
+    let r = get(&mut c, "/slow", &[]);
+    assert_eq!(r.status, 504, "{}", String::from_utf8_lossy(&r.body));
+    assert!(started.elapsed() < Duration::from_millis(1200), "answered at the read timeout");
+    let m = c.request("GET", "/_larder/metrics", &[], b"");
+    let text = String::from_utf8_lossy(&m.body);
+    assert!(text.contains("larder_proxy_origin_errors_total 1"), "{text}");
+    assert!(text.contains("larder_origin_duration_seconds_count"), "{text}");
+}
+
+#[test]
 fn request_directives_bound_what_the_cache_may_answer() {
     let o = Origin::start();
     o.set("/r", Answer::ok(b"body", &[("cache-control", "max-age=2"), ("etag", "\"v1\"")]));

@@ -537,9 +537,11 @@ async fn fetch(
                 let lifetime = policy::freshness_lifetime(e.stored.status, &e.stored.headers, &cc, e.stored.times);
                 let age_ms = policy::current_age_ms(&e.stored.headers, e.stored.times, now_ms());
                 let req_cc = Directives::of(req.headers());
+                // The response this request found stale, just validated, answers it whatever
+                // its own bounds (max-age=0, no-cache); a request that found nothing uses it
+                // only if it may use it as it is now.
                 let revalidated = stale.as_ref().is_some_and(|s| s.key == e.key);
-                let fresh_now = Directives { no_cache: false, ..req_cc };
-                if revalidated && policy::usable(&fresh_now, false, &cc, age_ms, lifetime) == Use::Fresh {
+                if revalidated || policy::usable(&req_cc, false, &cc, age_ms, lifetime) == Use::Fresh {
                     p.counters.revalidated.fetch_add(1, Ordering::Relaxed);
                     return serve(app, store, e, &req, age_ms / 1000, "REVALIDATED").await;
                 }

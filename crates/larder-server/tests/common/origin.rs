@@ -54,6 +54,7 @@ impl Seen {
 struct State {
     answers: HashMap<String, Answer>,
     seen: Vec<Seen>,
+    connections: usize,
 }
 
 pub struct Origin {
@@ -75,6 +76,7 @@ impl Origin {
                     break;
                 }
                 let Ok(conn) = conn else { continue };
+                st.lock().unwrap().connections += 1;
                 let (st, sp) = (st.clone(), sp.clone());
                 std::thread::spawn(move || serve(conn, st, sp));
             }
@@ -94,6 +96,11 @@ impl Origin {
     /// Requests received for `target`.
     pub fn seen(&self, target: &str) -> Vec<Seen> {
         self.state.lock().unwrap().seen.iter().filter(|s| s.target == target).cloned().collect()
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.state.lock().unwrap().connections
     }
 
     pub fn count(&self, target: &str) -> usize {
