@@ -287,6 +287,30 @@ fn responses_that_vary_are_stored_per_variant() {
 }
 
 #[test]
+fn a_304_for_one_variant_never_vouches_for_another() {
+    let o = Origin::start();
+    let mut a = Answer::ok(b"v", &[("cache-control", "max-age=1"), ("vary", "accept-language"), ("etag", "\"x\"")]);
+    a.not_modified = Some(vec![("etag".into(), "\"x\"".into()), ("cache-control".into(), "max-age=60".into())]);
+    o.set("/v", a.clone());
+    let s = proxy(&o, &[]);
+    let addr = s.addr;
+    get(&mut s.client(), "/v", &[("accept-language", "en")]);
+    get(&mut s.client(), "/v", &[("accept-language", "fr")]);
+    std::thread::sleep(Duration::from_millis(1100));
+    // Both variants are stale; the French request joins the English one's revalidation.
+    a.delay = Duration::from_millis(400);
+    o.set("/v", a);
+    let en = std::thread::spawn(move || get(&mut Client::connect(addr), "/v", &[("accept-language", "en")]));
+    std::thread::sleep(Duration::from_millis(100));
+    let fr = get(&mut s.client(), "/v", &[("accept-language", "fr")]);
+    assert_eq!(x_cache(&en.join().unwrap()), "REVALIDATED");
+    assert_eq!(fr.status, 200);
+    let langs: Vec<_> =
+        o.seen("/v")[2..].iter().map(|r| r.header("accept-language").unwrap_or("").to_string()).collect();
+    assert!(langs.contains(&"fr".to_string()), "the French variant was validated on its own: {langs:?}");
+}
+
+#[test]
 fn unsafe_methods_go_to_the_origin_and_invalidate_what_is_stored() {
     let o = Origin::start();
     o.set("/doc", Answer::ok(b"v1", &[("cache-control", "max-age=60")]));
@@ -424,6 +448,16 @@ fn concurrent_misses_for_one_key_share_one_origin_request() {
     let mut cookies: Vec<_> = o.seen("/account").iter().map(|s| s.header("cookie").unwrap().to_string()).collect();
     cookies.sort();
     assert_eq!(cookies, ["session=0", "session=1", "session=2", "session=3"], "one origin request each");
+    // An origin error that holds nothing of anyone's is shared: one origin request in an outage.
+    let mut down = Answer::with(503, b"down", &[]);
+    down.delay = Duration::from_millis(300);
+    o.set("/down", down);
+    let threads: Vec<_> =
+        (0..4).map(|_| std::thread::spawn(move || get(&mut Client::connect(addr), "/down", &[]))).collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap().status, 503);
+    }
+    assert_eq!(o.count("/down"), 1);
     // Responses that cannot be stored are not waited on: each request goes on its own.
     let mut slow = Answer::ok(b"private", &[("cache-control", "private")]);
     slow.delay = Duration::from_millis(300);

@@ -30,6 +30,9 @@ pub struct Head {
     pub age: u64,
     /// Whether the response is being stored.
     pub storing: bool,
+    /// Whether requests that joined the fetch may take it (stored, or an origin error that is
+    /// nobody's own).
+    pub shareable: bool,
 }
 
 /// How a flight ended for its members.
@@ -37,8 +40,8 @@ pub struct Head {
 pub enum Outcome {
     /// A response: its body follows on the member's data channel, cut to `window` if given.
     Response(Arc<Head>, Option<(u64, u64)>),
-    /// The origin answered 304 and the stored response was refreshed: read it again.
-    Refreshed,
+    /// The origin answered 304 and the stored response under this key was refreshed.
+    Refreshed(Vec<u8>),
     /// No response from the origin (the message says why); `timeout` for a timeout.
     Failed { message: String, timeout: bool },
 }
@@ -59,15 +62,12 @@ pub struct Member {
 pub struct Flight {
     /// Members; `None` once the body began (later requests cannot join).
     pub members: Mutex<Option<Vec<Member>>>,
-    /// Set by an unsafe method's invalidation of the key while the fetch runs: what it
-    /// fetched may predate the change, so it is not stored (RFC 9111 §4.4).
-    pub invalidated: std::sync::atomic::AtomicBool,
 }
 
 impl Flight {
     /// A flight open to members.
     pub fn new() -> Flight {
-        Flight { members: Mutex::new(Some(Vec::new())), invalidated: Default::default() }
+        Flight { members: Mutex::new(Some(Vec::new())) }
     }
 
     /// Adds a member, unless the body has begun.
@@ -87,14 +87,30 @@ impl Flight {
     }
 }
 
-/// The flights in progress, by cache key.
-#[derive(Default)]
-pub struct Flights(Mutex<HashMap<Vec<u8>, Arc<Flight>>>);
+/// The flights in progress, by cache key, and when keys were last invalidated.
+pub struct Flights {
+    table: Mutex<HashMap<Vec<u8>, Arc<Flight>>>,
+    /// Invalidations so far (a counter, not a clock: each takes the next number).
+    epoch: std::sync::atomic::AtomicU64,
+    /// The epoch of each key's last invalidation, for the keys invalidated recently (bounded:
+    /// a key pushed out is one whose invalidation is long past any fetch still running).
+    invalidated: quick_cache::sync::Cache<Vec<u8>, u64>,
+}
+
+impl Default for Flights {
+    fn default() -> Flights {
+        Flights {
+            table: Mutex::default(),
+            epoch: Default::default(),
+            invalidated: quick_cache::sync::Cache::new(65_536),
+        }
+    }
+}
 
 impl Flights {
     /// The flight of `key` and whether the caller leads it (it did not exist).
     pub fn lead_or_join(&self, key: &[u8]) -> (Arc<Flight>, bool) {
-        let mut map = self.0.lock();
+        let mut map = self.table.lock();
         if let Some(f) = map.get(key) {
             return (f.clone(), false);
         }
@@ -105,19 +121,29 @@ impl Flights {
 
     /// Whether a flight of `key` is in progress.
     pub fn busy(&self, key: &[u8]) -> bool {
-        self.0.lock().contains_key(key)
+        self.table.lock().contains_key(key)
     }
 
-    /// Marks the flight of `key`, if any, as fetching what an unsafe method has since changed.
+    /// The epoch a fetch starts at, to ask [`Flights::invalidated_since`] when it ends.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Notes that an unsafe method changed what `key` names: any fetch of it running now, shared
+    /// or not, may have fetched what came before the change, and is not stored (RFC 9111 §4.4).
     pub fn invalidate(&self, key: &[u8]) {
-        if let Some(f) = self.0.lock().get(key) {
-            f.invalidated.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
+        let e = self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
+        self.invalidated.insert(key.to_vec(), e);
+    }
+
+    /// Whether `key` was invalidated after `epoch`.
+    pub fn invalidated_since(&self, key: &[u8], epoch: u64) -> bool {
+        self.invalidated.get(key).is_some_and(|e| e > epoch)
     }
 
     /// Removes the flight of `key` if it is `f`.
     pub fn end(&self, key: &[u8], f: &Arc<Flight>) {
-        let mut map = self.0.lock();
+        let mut map = self.table.lock();
         if map.get(key).is_some_and(|g| Arc::ptr_eq(g, f)) {
             map.remove(key);
         }

@@ -247,13 +247,14 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Resp {
     };
     let key = cache_key(&uri);
     let h = req.headers();
+    let req_cc = Directives::of(h);
     // Preconditions that only the origin can judge go to it.
     if h.contains_key(IF_MATCH) || h.contains_key(IF_UNMODIFIED_SINCE) {
+        if req_cc.only_if_cached {
+            return text(StatusCode::GATEWAY_TIMEOUT, "the origin must judge this request (only-if-cached)\n");
+        }
         return pass(p, req).await;
     }
-    // A URI whose last response could not be stored: its requests do not wait on each other.
-    let share = if p.passing(&key, now) { Share::Alone } else { Share::Shared };
-    let req_cc = Directives::of(h);
     let pragma = policy::pragma_no_cache(h);
     let head = method == Method::HEAD;
     let range = if head { None } else { crate::headers::range(h) };
@@ -281,7 +282,7 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Resp {
                 return serve(app, store, e, &req, age, "STALE").await;
             }
             // A revalidation in the background is shared: never with a request's credentials.
-            Use::StaleWhileRevalidate if h.contains_key(AUTHORIZATION) => {
+            Use::StaleWhileRevalidate if h.contains_key(AUTHORIZATION) && !req_cc.only_if_cached => {
                 return fetch(app, req, uri, key, Some(e), Share::Alone).await;
             }
             Use::StaleWhileRevalidate => {
@@ -290,13 +291,18 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Resp {
                 return serve(app, store, e, &req, age, "STALE").await;
             }
             Use::Validate if req_cc.only_if_cached => {}
-            Use::Validate => return fetch(app, req, uri, key, Some(e), share).await,
+            Use::Validate => return fetch(app, req, uri, key, Some(e), Share::Shared).await,
         }
     }
     if req_cc.only_if_cached {
         return text(StatusCode::GATEWAY_TIMEOUT, "not in the cache (only-if-cached)\n");
     }
-    fetch(app, req, uri, key, None, share).await
+    // A URI whose last response could not be stored goes to the origin as it is asked (its
+    // range, its conditionals, HEAD), and its requests do not wait on each other.
+    if p.passing(&key, now) {
+        return pass(p, req).await;
+    }
+    fetch(app, req, uri, key, None, Share::Shared).await
 }
 
 /// The fields a stored response is answered with, and `Age`, `X-Cache`, `Via`.
@@ -407,8 +413,13 @@ async fn serve(
     if let Some(cr) = content_range {
         r.headers_mut().insert(CONTENT_RANGE, HeaderValue::try_from(cr).expect("ASCII"));
     }
-    // The body's length, whatever the origin's header said when it was stored (for a HEAD too).
-    r.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(body_len));
+    // The body's length, whatever the origin's header said when it was stored (for a HEAD
+    // too); none for a status that has no body (RFC 9110 §8.6).
+    if status == StatusCode::NO_CONTENT {
+        r.headers_mut().remove(CONTENT_LENGTH);
+    } else {
+        r.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(body_len));
+    }
     r
 }
 
@@ -508,23 +519,23 @@ async fn fetch(
     };
     match outcome {
         Outcome::Response(head_, window) => {
+            let error = matches!(head_.status.as_u16(), 500 | 502 | 503 | 504);
+            if error && stale.as_ref().is_some_and(|e| stale_on_error(p, &req, e, false)) {
+                drop(data);
+                return serve_stale(app, stale.expect("checked"), &req).await;
+            }
             if !leader {
-                // A response that is not being stored is the leader's alone (private, no-store,
+                // A response that may not be shared is the leader's alone (private, no-store,
                 // Set-Cookie…); another variant than this request selects is not its either.
                 let names: Vec<HeaderName> = head_.selecting.iter().map(|(n, _)| n.clone()).collect();
-                if !head_.storing || selecting(req.headers(), &names) != head_.selecting {
+                if !head_.shareable || selecting(req.headers(), &names) != head_.selecting {
                     drop(data);
                     return alone(req, uri, key, stale).await;
                 }
             }
-            if matches!(head_.status.as_u16(), 500 | 502 | 503 | 504) {
-                if let Some(e) = stale.filter(|e| stale_on_error(p, &req, e, false)) {
-                    return serve_stale(app, e, &req).await;
-                }
-            }
             respond_from_flight(p, &req, &head_, window, data, leader)
         }
-        Outcome::Refreshed => {
+        Outcome::Refreshed(validated) => {
             // The refreshed entry, if it is the one this request selects and may use now.
             let store = app.store.get().expect("store is ready");
             let part = if head {
@@ -540,13 +551,13 @@ async fn fetch(
                 // The response this request found stale, just validated, answers it whatever
                 // its own bounds (max-age=0, no-cache); a request that found nothing uses it
                 // only if it may use it as it is now.
-                let revalidated = stale.as_ref().is_some_and(|s| s.key == e.key);
+                let revalidated = stale.as_ref().is_some_and(|s| s.key == e.key && e.key == validated);
                 if revalidated || policy::usable(&req_cc, false, &cc, age_ms, lifetime) == Use::Fresh {
                     p.counters.revalidated.fetch_add(1, Ordering::Relaxed);
                     return serve(app, store, e, &req, age_ms / 1000, "REVALIDATED").await;
                 }
             }
-            alone(req, uri, key, None).await
+            alone(req, uri, key, stale).await
         }
         Outcome::Failed { message, timeout } => {
             if let Some(e) = stale.filter(|e| stale_on_error(p, &req, e, true)) {
@@ -719,6 +730,8 @@ async fn lead(app: Arc<App>, flight: Arc<flight::Flight>, mut plan: Plan, regist
         }
     }
     let _ends = Ends(p, plan.key.clone(), flight.clone(), registered);
+    // An invalidation of the key after this point keeps what is fetched out of the store.
+    let epoch = p.flights.epoch();
     loop {
         let request_ms = now_ms();
         let started = Instant::now();
@@ -752,7 +765,7 @@ async fn lead(app: Arc<App>, flight: Arc<flight::Flight>, mut plan: Plan, regist
                 if refresh(&app, &vkey, stored_ms, old, resp.headers(), times).await {
                     for m in flight.close() {
                         if let Some(o) = m.outcome {
-                            let _ = o.send(Outcome::Refreshed);
+                            let _ = o.send(Outcome::Refreshed(vkey.clone()));
                         }
                     }
                     break;
@@ -767,7 +780,7 @@ async fn lead(app: Arc<App>, flight: Arc<flight::Flight>, mut plan: Plan, regist
         if plan.validating.is_some() {
             p.counters.revalidated_changed.fetch_add(1, Ordering::Relaxed);
         }
-        deliver(&app, &flight, &plan, resp, times).await;
+        deliver(&app, &flight, &plan, resp, times, epoch, registered).await;
         break;
     }
 }
@@ -775,8 +788,9 @@ async fn lead(app: Arc<App>, flight: Arc<flight::Flight>, mut plan: Plan, regist
 /// Updates a stored response's header fields from a 304 (RFC 9111 §3.2, §4.3.4); false when
 /// the 304 does not select it (another strong validator) or it is gone.
 async fn refresh(app: &Arc<App>, key: &[u8], stored_ms: u64, mut old: Stored, h: &HeaderMap, times: Times) -> bool {
-    if let (Some(new), Some(have)) = (h.get(ETAG), old.headers.get(ETAG)) {
-        if new != have {
+    // §4.3.4: a 304 with a strong validator selects only a stored response with the same one.
+    if let Some(new) = h.get(ETAG).filter(|t| !t.as_bytes().starts_with(b"W/")) {
+        if old.headers.get(ETAG) != Some(new) {
             return false;
         }
     }
@@ -810,7 +824,15 @@ async fn refresh(app: &Arc<App>, key: &[u8], stored_ms: u64, mut old: Stored, h:
 }
 
 /// Hands a full response to the flight's members and, if it may be stored, to the store.
-async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Response<Incoming>, times: Times) {
+async fn deliver(
+    app: &Arc<App>,
+    flight: &flight::Flight,
+    plan: &Plan,
+    resp: Response<Incoming>,
+    times: Times,
+    epoch: u64,
+    registered: bool,
+) {
     let p = app.proxy.as_ref().expect("read-through mode");
     let (parts, mut body) = resp.into_parts();
     let cc = Directives::of_response(&parts.headers);
@@ -850,13 +872,17 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
         // Remembered only for what the response said: a request (its no-store, its
         // credentials) cannot turn the cache off for everyone else.
         let asked = req_cc.no_store || plan.client.contains_key(AUTHORIZATION);
-        if !asked && (parts.status.is_success() || parts.status.is_redirection()) {
+        let not_modified = parts.status == StatusCode::NOT_MODIFIED;
+        if !asked && !not_modified && (parts.status.is_success() || parts.status.is_redirection()) {
             p.pass_until.insert(plan.key.clone(), now_ms() + PASS_FOR_MS);
         }
     }
     // Where it is stored: the URI's key, or a variant's key behind a marker.
+    // A fetch of its own while another fetch of the key is under way (a request that waited
+    // past the lock timeout) is answered, not stored: one copy is written, not one per waiter.
     let store_key = match (&attrs, names.is_empty()) {
         (None, _) => None,
+        (Some(_), _) if !registered && p.flights.busy(&plan.key) => None,
         (Some(_), true) => Some(plan.key.clone()),
         (Some(_), false) => marker(app, plan, &names).await.map(|ms| variant_key(&plan.uri, ms, &selecting_values)),
     };
@@ -873,6 +899,11 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
         .chain(&cc.private_fields)
         .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
         .collect();
+    // Members may take a response being stored, and an origin error that holds nothing of
+    // anyone's (during an outage, not one refetch per waiting request).
+    let error = matches!(parts.status.as_u16(), 500 | 502 | 503 | 504);
+    let personal = cc.private || cc.no_store || parts.headers.contains_key(hyper::header::SET_COOKIE);
+    let shareable = storing || (error && !personal);
     let head = Arc::new(Head {
         status: parts.status,
         headers: whole,
@@ -881,6 +912,7 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
         selecting: selecting_values,
         age,
         storing,
+        shareable,
     });
     let mut members = flight.close();
     for m in &mut members {
@@ -949,7 +981,7 @@ async fn deliver(app: &Arc<App>, flight: &flight::Flight, plan: &Plan, resp: Res
         }
         return; // the writer is dropped unfinished: nothing is stored
     }
-    let complete = len.is_none_or(|l| l == received) && !flight.invalidated.load(Ordering::Relaxed);
+    let complete = len.is_none_or(|l| l == received) && !p.flights.invalidated_since(&plan.key, epoch);
     match sink.finish(app, complete).await {
         Ok(true) => {
             p.counters.stored.fetch_add(1, Ordering::Relaxed);
@@ -1007,7 +1039,12 @@ impl Sink {
             Sink::Gather { parts, .. } => parts.push(d.clone()),
             Sink::Stream { tx, .. } => {
                 if tx.send(Some(d.clone())).await.is_err() {
-                    *self = Sink::None; // the writer failed; its error was logged by finish
+                    // The writer stopped on an error: say which, and store nothing.
+                    if let Sink::Stream { task, .. } = std::mem::replace(self, Sink::None) {
+                        if let Ok(Err(e)) = task.await {
+                            tracing::warn!(error = %e, "a response could not be stored");
+                        }
+                    }
                 }
             }
         }
@@ -1142,6 +1179,8 @@ fn relay(p: &Proxy, r: Response<Incoming>, head: bool) -> Resp {
                     }
                     Ok(Some(Err(e))) => Err(larder_engine::Error::new(larder_engine::ErrorKind::Io, e.to_string())),
                     Ok(Some(Ok(f))) => match f.into_data() {
+                        // An empty piece is the end mark of `Body::Stream`: never pass one on.
+                        Ok(d) if d.is_empty() => continue,
                         Ok(d) => Ok(d),
                         Err(_) => continue,
                     },

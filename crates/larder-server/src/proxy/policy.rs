@@ -114,7 +114,12 @@ fn cdn_directives(h: &HeaderMap) -> Option<Directives> {
     if lines.is_empty() {
         return None;
     }
-    let members = sf_dictionary(&lines.join(", "))?;
+    let mut members = sf_dictionary(&lines.join(", "))?;
+    // A key given twice: the last one counts (RFC 8941 §4.2.2).
+    let mut seen = std::collections::HashSet::new();
+    members.reverse();
+    members.retain(|(k, _)| seen.insert(k.clone()));
+    members.reverse();
     let mut d = Directives { targeted: true, ..Directives::default() };
     for (key, value) in members {
         match (key.as_str(), value) {
@@ -199,6 +204,24 @@ fn sf_dictionary(s: &str) -> Option<Vec<(String, SfValue)>> {
                 let end = b[*i + 1..].iter().position(|&c| c == b':')?;
                 *i += end + 2;
                 Some(SfValue::Other)
+            }
+            // An inner list: no cache directive takes one; skipped to its closing parenthesis
+            // (quoted strings inside may hold one).
+            b'(' => {
+                *i += 1;
+                let mut quoted = false;
+                loop {
+                    match *b.get(*i)? {
+                        b'\\' if quoted => *i += 1,
+                        b'"' => quoted = !quoted,
+                        b')' if !quoted => {
+                            *i += 1;
+                            return Some(SfValue::Other);
+                        }
+                        _ => {}
+                    }
+                    *i += 1;
+                }
             }
             c if c.is_ascii_alphabetic() || c == b'*' => {
                 while matches!(b.get(*i), Some(c) if c.is_ascii_graphic() && !b"\",;()<>=@[]{}?/".contains(c) || *c == b':' || *c == b'/')
@@ -672,6 +695,8 @@ mod tests {
         assert_eq!(not_storable(&HeaderMap::new(), &Directives::default(), StatusCode::OK, &h, &d), None);
         let d = Directives::of_response(&headers(&[("cdn-cache-control", "no-cache;a=1, s-maxage=5")]));
         assert!(d.no_cache && d.s_maxage == Some(Delta::Secs(5)));
+        assert_eq!(life(&[("cdn-cache-control", "max-age=5, max-age=9")]), 9, "the last of a key counts");
+        assert_eq!(life(&[("cdn-cache-control", "x=(a \"b)\" c), max-age=9")]), 9, "an inner list is skipped");
     }
 
     #[test]
