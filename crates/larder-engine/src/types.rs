@@ -152,7 +152,7 @@ pub struct PutOptions<'a> {
     pub nonblocking: bool,
 }
 
-/// What [`crate::Store::update`] changes in a stored value; its bytes and version stay.
+/// What `Store::update` changes in a stored value; its bytes and version stay.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Touch<'a> {
     /// The new expiry.
