@@ -128,9 +128,11 @@ fn a_checkpoint_covers_its_prefix_and_the_tail_after_it_is_scanned() {
 #[test]
 fn entries_of_a_reused_slot_are_misses_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(config(dir.path(), 16 << 10, 2)).unwrap();
+    // Volumes of 20 KiB: a value of 11 KiB fits one (with room for the longest key and
+    // metadata), two do not.
+    let store = Store::open(config(dir.path(), 20 << 10, 2)).unwrap();
     store.put(b"first", b"in slot 0", &PutOptions::default()).unwrap();
-    let big = vec![1u8; 9 << 10];
+    let big = vec![1u8; 11 << 10];
     store.put(b"fill-1", &big, &PutOptions::default()).unwrap(); // still slot 0
     store.put(b"fill-2", &big, &PutOptions::default()).unwrap(); // slot 1
     assert_eq!(store.stats().active_volume, 1);
