@@ -69,21 +69,20 @@ fn new_header(flags: u16) -> Header {
 
 /// Fails with `Invalid` for attributes longer than the limit.
 pub(super) fn check_attrs(attrs: Option<&[u8]>) -> Result<()> {
-    match attrs.filter(|a| a.len() > meta::MAX_ATTRS) {
-        Some(a) => Err(Error::new(
-            ErrorKind::Invalid,
-            format!("attributes of {} bytes exceed the limit of {} bytes", a.len(), meta::MAX_ATTRS),
-        )),
-        None => Ok(()),
-    }
+    check_len("attributes", attrs, meta::MAX_ATTRS)
 }
 
 /// Fails with `Invalid` for a content type longer than the limit.
 pub(super) fn check_content_type(content_type: Option<&[u8]>) -> Result<()> {
-    match content_type.filter(|t| t.len() > meta::MAX_CONTENT_TYPE) {
-        Some(t) => Err(Error::new(
+    check_len("content type", content_type, meta::MAX_CONTENT_TYPE)
+}
+
+/// Fails with `Invalid` when the metadata entry `what` is longer than `limit` bytes.
+fn check_len(what: &str, entry: Option<&[u8]>, limit: usize) -> Result<()> {
+    match entry.filter(|e| e.len() > limit) {
+        Some(e) => Err(Error::new(
             ErrorKind::Invalid,
-            format!("content type of {} bytes exceeds the limit of {} bytes", t.len(), meta::MAX_CONTENT_TYPE),
+            format!("{what} of {} bytes is longer than the limit of {limit} bytes", e.len()),
         )),
         None => Ok(()),
     }
