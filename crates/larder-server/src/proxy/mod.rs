@@ -259,19 +259,15 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Resp {
     let head = method == Method::HEAD;
     let range = if head { None } else { crate::headers::range(h) };
     let part = if head { Part::Nothing } else { range.map_or(Part::Whole, Part::Range) };
-    let mut found = lookup(app, store, &uri, &key, h, part).await;
+    let found = lookup(app, store, &uri, &key, h, part).await;
     // §3.5: a response to a request with Authorization only if the response allows it.
-    if let Some(e) = &found {
-        let cc = Directives::of_response(&e.stored.headers);
-        if h.contains_key(AUTHORIZATION) && !(cc.public || cc.must_revalidate || cc.s_maxage.is_some()) {
-            found = None;
-        }
-    }
-    if let Some(e) = found {
-        let cc = Directives::of_response(&e.stored.headers);
+    let found = found
+        .map(|e| (Directives::of_response(&e.stored.headers), e))
+        .filter(|(cc, _)| !h.contains_key(AUTHORIZATION) || cc.public || cc.must_revalidate || cc.s_maxage.is_some());
+    if let Some((cc, e)) = found {
         let lifetime = policy::freshness_lifetime(e.stored.status, &e.stored.headers, &cc, e.stored.times);
-        let age = policy::current_age(&e.stored.headers, e.stored.times, now);
         let age_ms = policy::current_age_ms(&e.stored.headers, e.stored.times, now);
+        let age = age_ms / 1000;
         match policy::usable(&req_cc, pragma, &cc, age_ms, lifetime) {
             Use::Fresh => {
                 p.counters.hits.fetch_add(1, Ordering::Relaxed);
