@@ -43,7 +43,8 @@ pub struct Directives {
     pub proxy_revalidate: bool,
     pub must_understand: bool,
     pub only_if_cached: bool,
-    /// Read from `CDN-Cache-Control` (RFC 9213): `Cache-Control` and `Expires` do not count.
+    /// Read from `CDN-Cache-Control` (RFC 9213) or `Surrogate-Control`: `Cache-Control` and
+    /// `Expires` do not count.
     pub targeted: bool,
 }
 
@@ -63,7 +64,7 @@ impl Directives {
     /// A response's directives: from a valid `CDN-Cache-Control` (RFC 9213), which larder as a
     /// CDN-like cache obeys instead of `Cache-Control` and `Expires`, else from `Cache-Control`.
     pub fn of_response(h: &HeaderMap) -> Directives {
-        cdn_directives(h).unwrap_or_else(|| Directives::of(h))
+        cdn_directives(h).or_else(|| surrogate_directives(h)).unwrap_or_else(|| Directives::of(h))
     }
 
     fn add(&mut self, name: &str, arg: Option<String>) {
@@ -134,6 +135,40 @@ fn cdn_directives(h: &HeaderMap) -> Option<Directives> {
         }
     }
     Some(d)
+}
+
+/// The directives of `Surrogate-Control` (the W3C Edge Architecture's header for caches in
+/// front of an origin, which CDN-Cache-Control succeeds), if it has any larder knows in a
+/// valid form: `max-age=N` (its `+M` extension ignored) and `no-store`. Strict where
+/// Cache-Control's parser is lenient: a space around `=` makes the directive invalid.
+fn surrogate_directives(h: &HeaderMap) -> Option<Directives> {
+    let mut d = Directives { targeted: true, ..Directives::default() };
+    let mut any = false;
+    for line in h.get_all("surrogate-control") {
+        for member in line.to_str().ok()?.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+            let (name, arg) = match member.split_once('=') {
+                Some((n, a)) => (n, Some(a)),
+                None => (member, None),
+            };
+            if name.ends_with([' ', '\t']) || arg.is_some_and(|a| a.starts_with([' ', '\t'])) {
+                continue;
+            }
+            match (name.to_ascii_lowercase().as_str(), arg) {
+                ("max-age", Some(a)) => {
+                    if let Some(secs) = parse_delta(a.split('+').next().unwrap_or("")) {
+                        d.add("max-age", Some(secs.to_string()));
+                        any = true;
+                    }
+                }
+                ("no-store", None) => {
+                    d.no_store = true;
+                    any = true;
+                }
+                _ => {}
+            }
+        }
+    }
+    any.then_some(d)
 }
 
 /// A Structured Field dictionary member's value, as far as cache directives need it.
@@ -696,6 +731,17 @@ mod tests {
         let d = Directives::of_response(&headers(&[("cdn-cache-control", "no-cache;a=1, s-maxage=5")]));
         assert!(d.no_cache && d.s_maxage == Some(Delta::Secs(5)));
         assert_eq!(life(&[("cdn-cache-control", "max-age=5, max-age=9")]), 9, "the last of a key counts");
+        // Surrogate-Control, below CDN-Cache-Control and above Cache-Control and Expires.
+        assert_eq!(life(&[("surrogate-control", "foobar, MaX-aGe=3600"), ("cache-control", "max-age=1")]), 3600);
+        assert_eq!(life(&[("surrogate-control", "max-age=0"), ("expires", "Thu, 01 Jan 2099 00:00:00 GMT")]), 0);
+        assert_eq!(life(&[("surrogate-control", "max-age=60+30")]), 60);
+        for invalid in ["max-age =100", "max-age= 100", "foobar"] {
+            assert_eq!(life(&[("surrogate-control", invalid), ("cache-control", "max-age=7")]), 7, "{invalid}");
+        }
+        assert_eq!(life(&[("cdn-cache-control", "max-age=2"), ("surrogate-control", "max-age=9")]), 2);
+        let h = headers(&[("surrogate-control", "no-store"), ("cache-control", "max-age=100")]);
+        let d = Directives::of_response(&h);
+        assert!(not_storable(&HeaderMap::new(), &Directives::default(), StatusCode::OK, &h, &d).is_some());
         assert_eq!(life(&[("cdn-cache-control", "x=(a \"b)\" c), max-age=9")]), 9, "an inner list is skipped");
     }
 
