@@ -1,0 +1,312 @@
+"""``larder.AsyncClient``: the asyncio client, on aiohttp's pooled keep-alive connections.
+The same API as ``Client``, with ``await``."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, Mapping, Optional, Sequence, TypeVar, Union
+
+import aiohttp
+
+from . import _memo
+from ._errors import NotFound, Refused, Unavailable
+from ._keys import Key, Ring, canonical, nodes, server_string
+from ._serial import Serializer, for_memoize, resolve
+from ._sync import _remaining
+
+T = TypeVar("T")
+_MISSING = object()
+
+
+class AsyncClient:
+    """The asyncio twin of ``larder.Client`` (same arguments, same methods, awaited). Use it as
+    ``async with AsyncClient(url) as c`` or call ``await c.close()``."""
+
+    def __init__(
+        self,
+        url_or_urls: Union[str, Sequence[str]],
+        *,
+        token: Optional[str] = None,
+        timeout: float = 5.0,
+        serializer: Union[None, str, Serializer] = None,
+        miss_on_unavailable: bool = True,
+        pool_size: int = 64,
+    ) -> None:
+        self._nodes = nodes(url_or_urls)
+        self._ring = Ring([server_string(n) for n in self._nodes]) if len(self._nodes) > 1 else None
+        self._serializer = resolve(serializer)
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout)
+        self._pool_size = pool_size
+        self._session: Optional[aiohttp.ClientSession] = None
+        self.miss_on_unavailable = miss_on_unavailable
+        self._flights: Dict[str, "asyncio.Future[Any]"] = {}
+
+    def url(self, key: Key) -> str:
+        path = canonical(key)
+        node = self._nodes[self._ring.owner(path)] if self._ring else self._nodes[0]
+        return f"{node}/{path}"
+
+    def _s(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._pool_size, limit_per_host=self._pool_size)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, auto_decompress=False)
+        return self._session
+
+    async def _request(
+        self, method: str, key: Key, *, data: Any = None, headers: Optional[Dict[str, str]] = None
+    ) -> aiohttp.ClientResponse:
+        h = dict(self._headers)
+        if headers:
+            h.update(headers)
+        url = self.url(key)
+        try:
+            r = await self._s().request(method, url, data=data, headers=h, allow_redirects=False)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise Unavailable(f"{method} {url}: {e!r}") from e
+        if r.status == 503:
+            msg = (await r.text(errors="replace")).strip()
+            raise Unavailable(f"{method} {url}: 503 {msg}")
+        return r
+
+    async def _body(self, r: aiohttp.ClientResponse) -> bytes:
+        try:
+            return await r.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise Unavailable(f"the answer broke off: {e!r}") from e
+
+    async def get(self, key: Key, default: Any = None) -> Any:
+        r = await self._request("GET", key)
+        if r.status == 404:
+            r.release()
+            return default
+        await _check(r)
+        return self._serializer.loads(await self._body(r))
+
+    async def getitem(self, key: Key) -> Any:
+        """``c[key]`` for the async client: the value, or ``NotFound``."""
+        value = await self.get(key, _MISSING)
+        if value is _MISSING:
+            raise NotFound(key)
+        return value
+
+    async def contains(self, key: Key) -> bool:
+        """``key in c`` for the async client."""
+        r = await self._request("HEAD", key)
+        r.release()
+        if r.status == 404:
+            return False
+        await _check(r)
+        return True
+
+    def open(self, key: Key) -> "AsyncReader":
+        """``async with c.open(key) as r``: ``await r.read(n)`` or ``async for piece in r``;
+        the value is never held whole in memory."""
+        return AsyncReader(self, key)
+
+    async def get_many(self, keys: Iterable[Key]) -> Dict[Key, Any]:
+        keys = list(keys)
+        values = await asyncio.gather(*(self.get(k, _MISSING) for k in keys))
+        return {k: v for k, v in zip(keys, values) if v is not _MISSING}
+
+    async def set(self, key: Key, value: Any, *, ttl: Optional[float] = None, content_type: Optional[str] = None) -> None:
+        headers: Dict[str, str] = {}
+        if ttl is not None:
+            headers["X-TTL"] = str(max(1, int(-(-ttl // 1))))
+        if content_type:
+            headers["Content-Type"] = content_type
+        if hasattr(value, "read") or hasattr(value, "__aiter__"):
+            length = _remaining(value) if hasattr(value, "read") else None
+            if length is not None:
+                headers["Content-Length"] = str(length)
+            data: Any = _apieces(value)
+        else:
+            data = self._serializer.dumps(value)
+        r = await self._request("PUT", key, data=data, headers=headers)
+        await _check(r)
+        r.release()
+
+    async def delete(self, key: Key) -> bool:
+        r = await self._request("DELETE", key)
+        r.release()
+        if r.status == 404:
+            return False
+        await _check(r)
+        return True
+
+    async def delitem(self, key: Key) -> None:
+        if not await self.delete(key):
+            raise NotFound(key)
+
+    async def set_many(self, mapping: Mapping[Key, Any], ttl: Optional[float] = None) -> None:
+        await asyncio.gather(*(self.set(k, v, ttl=ttl) for k, v in mapping.items()))
+
+    async def get_or_set(
+        self, key: Key, compute: Callable[[], Union[T, Awaitable[T]]], *, ttl: Optional[float] = None
+    ) -> T:
+        """As ``Client.get_or_set``; ``compute`` may be a plain or an async callable."""
+        value = await self._get_or_miss(key, self._serializer)
+        if value is not _MISSING:
+            return value  # type: ignore[no-any-return]
+
+        async def run() -> T:
+            result: T = await _call(compute)
+            await self._store_quietly(key, self._serializer.dumps(result), ttl)
+            return result
+
+        return await self._single_flight(canonical(key), run)
+
+    def memoize(
+        self, ttl: Optional[float] = None, key: Optional[Callable[..., Key]] = None, beta: float = 1.0
+    ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]:
+        """As ``Client.memoize``, for sync and async functions; the wrapper is async."""
+        serializer = for_memoize(self._serializer)
+
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+            @functools.wraps(fn)
+            async def wrapper(*args: Any, **kwargs: Any) -> Any:
+                k = key(*args, **kwargs) if key else _memo.call_key(fn, args, kwargs)
+                stored = await self._get_or_miss(k, None)
+                if stored is not _MISSING:
+                    env = _memo.unwrap(stored)
+                    if env and not _memo.recompute_early(env[1], env[2], beta):
+                        return serializer.loads(env[0])
+
+                async def run() -> Any:
+                    started = time.monotonic()
+                    result = await _call(lambda: fn(*args, **kwargs))
+                    data = _memo.wrap(serializer.dumps(result), time.monotonic() - started, ttl)
+                    await self._store_quietly(k, data, ttl)
+                    return result
+
+                return await self._single_flight(canonical(k), run)
+
+            return wrapper
+
+        return decorate
+
+    async def _get_or_miss(self, key: Key, serializer: Optional[Serializer]) -> Any:
+        try:
+            r = await self._request("GET", key)
+            if r.status == 404:
+                r.release()
+                return _MISSING
+            await _check(r)
+            data = await self._body(r)
+        except Unavailable:
+            if not self.miss_on_unavailable:
+                raise
+            return _MISSING
+        return serializer.loads(data) if serializer else data
+
+    async def _store_quietly(self, key: Key, data: bytes, ttl: Optional[float]) -> None:
+        headers = {"X-TTL": str(max(1, int(-(-ttl // 1))))} if ttl else {}
+        try:
+            r = await self._request("PUT", key, data=data, headers=headers)
+            await _check(r)
+            r.release()
+        except Unavailable:
+            if not self.miss_on_unavailable:
+                raise
+
+    async def _single_flight(self, name: str, run: Callable[[], Awaitable[T]]) -> T:
+        flight = self._flights.get(name)
+        if flight is not None:
+            return await asyncio.shield(flight)
+        flight = asyncio.get_running_loop().create_future()
+        self._flights[name] = flight
+        try:
+            result = await run()
+            flight.set_result(result)
+            return result
+        except BaseException as e:
+            flight.set_exception(e)
+            flight.exception()  # retrieved: no "never retrieved" warning when nobody waited
+            raise
+        finally:
+            self._flights.pop(name, None)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncReader:
+    """A value streamed from the server (see ``AsyncClient.open``)."""
+
+    def __init__(self, client: AsyncClient, key: Key) -> None:
+        self._client, self._key = client, key
+        self._r: Optional[aiohttp.ClientResponse] = None
+        self.length: Optional[int] = None
+        self.content_type: Optional[str] = None
+
+    async def __aenter__(self) -> "AsyncReader":
+        r = await self._client._request("GET", self._key)
+        if r.status == 404:
+            r.release()
+            raise NotFound(self._key)
+        await _check(r)
+        self._r = r
+        self.length = r.content_length
+        self.content_type = r.headers.get("Content-Type")
+        return self
+
+    async def read(self, n: int = -1) -> bytes:
+        assert self._r is not None, "use `async with client.open(key) as reader`"
+        try:
+            return await self._r.content.read(n)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise Unavailable(f"the value broke off: {e!r}") from e
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._pieces()
+
+    async def _pieces(self) -> AsyncIterator[bytes]:
+        while True:
+            piece = await self.read(1 << 20)
+            if not piece:
+                return
+            yield piece
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._r is not None:
+            self._r.release()
+
+
+async def _check(r: aiohttp.ClientResponse) -> None:
+    if r.status < 300:
+        return
+    msg = (await r.text(errors="replace")).strip()
+    if r.status == 404:
+        raise NotFound(str(r.url))
+    if r.status >= 500:
+        raise Unavailable(f"{r.status} {msg}")
+    raise Refused(r.status, msg)
+
+
+async def _call(f: Callable[[], Any]) -> Any:
+    result = f()
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+async def _apieces(value: Any, size: int = 1 << 20) -> AsyncIterator[bytes]:
+    if hasattr(value, "__aiter__"):
+        async for piece in value:
+            yield bytes(piece)
+        return
+    while True:
+        piece = await asyncio.to_thread(value.read, size)
+        if not piece:
+            return
+        yield piece

@@ -1,0 +1,82 @@
+"""Keys on the wire, and which node owns a key.
+
+A key is sent as its canonical path (docs/CLUSTER.md): the UTF-8 bytes of the key with every
+byte outside RFC 3986's unreserved set and ``/`` percent-encoded in upper-case hex. With several
+nodes, the owner is the node nginx's ``hash $request_uri consistent`` picks for ``/`` + that
+path (nginx's ketama ring: 160 points per server, CRC32), so client-routed and nginx-routed
+deployments agree on every key.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import struct
+import zlib
+from typing import List, Sequence, Tuple, Union
+from urllib.parse import urlsplit
+
+Key = Union[str, bytes]
+
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~/")
+
+
+def canonical(key: Key) -> str:
+    """The request path of ``key`` (without the leading ``/``)."""
+    raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    if not raw:
+        raise ValueError("a key is 1 to 1024 bytes")
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in raw)
+
+
+def _split_server(server: bytes) -> Tuple[bytes, bytes]:
+    if server[:5].lower() == b"unix:":
+        return server[5:], b""
+    m = re.fullmatch(rb"(.*):([0-9]*)", server, re.S)
+    return (m.group(1), m.group(2)) if m else (server, b"")
+
+
+class Ring:
+    """nginx's consistent-hash ring over the nodes' ``host:port`` strings."""
+
+    def __init__(self, servers: Sequence[str]) -> None:
+        points: List[Tuple[int, int]] = []
+        for index, name in enumerate(servers):
+            host, port = _split_server(name.encode())
+            base = host + b"\0" + port
+            prev = 0
+            for _ in range(160):
+                prev = zlib.crc32(base + struct.pack("<I", prev))
+                points.append((prev, index))
+        points.sort(key=lambda p: p[0])
+        self._hashes: List[int] = []
+        self._owners: List[int] = []
+        for h, index in points:
+            if self._hashes and self._hashes[-1] == h:
+                continue
+            self._hashes.append(h)
+            self._owners.append(index)
+
+    def owner(self, path: str) -> int:
+        """The index of the node that owns ``/path``."""
+        i = bisect.bisect_left(self._hashes, zlib.crc32(("/" + path).encode("ascii")))
+        return self._owners[i % len(self._hashes)]
+
+
+def nodes(url_or_urls: Union[str, Sequence[str]]) -> List[str]:
+    """Node base URLs, without a trailing slash."""
+    urls = [url_or_urls] if isinstance(url_or_urls, str) else list(url_or_urls)
+    if not urls:
+        raise ValueError("give at least one node URL")
+    out = []
+    for u in urls:
+        parts = urlsplit(u)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"not a node URL: {u!r} (expected http://host:port)")
+        out.append(f"{parts.scheme}://{parts.netloc}")
+    return out
+
+
+def server_string(url: str) -> str:
+    """The ``host:port`` an nginx upstream block would name this node by."""
+    return urlsplit(url).netloc

@@ -1,0 +1,366 @@
+"""``larder.Client``: the synchronous client, on urllib3's pooled keep-alive connections."""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, TypeVar, Union
+
+import urllib3
+
+from . import _memo
+from ._errors import NotFound, Refused, Unavailable
+from ._keys import Key, Ring, canonical, nodes, server_string
+from ._serial import Serializer, for_memoize, resolve
+
+T = TypeVar("T")
+_MISSING = object()
+
+
+class Client:
+    """A client of one larder node, or of several (each key goes to the node nginx's consistent
+    hash would pick: docs/CLUSTER.md).
+
+    ``timeout`` bounds connecting and each read, in seconds. ``token`` is sent as
+    ``Authorization: Bearer``. ``serializer``: ``None`` (bytes), ``"pickle"``, ``"json"``, or
+    any object with ``dumps``/``loads``. ``miss_on_unavailable``: whether ``get_or_set`` and
+    ``memoize`` treat a node that cannot answer as a miss (compute, try to store, return) rather
+    than raise ``Unavailable``: a cache outage must not become an application outage.
+    """
+
+    def __init__(
+        self,
+        url_or_urls: Union[str, Sequence[str]],
+        *,
+        token: Optional[str] = None,
+        timeout: float = 5.0,
+        serializer: Union[None, str, Serializer] = None,
+        miss_on_unavailable: bool = True,
+        pool_size: int = 32,
+    ) -> None:
+        self._nodes = nodes(url_or_urls)
+        self._ring = Ring([server_string(n) for n in self._nodes]) if len(self._nodes) > 1 else None
+        self._serializer = resolve(serializer)
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
+        self._pool = urllib3.PoolManager(num_pools=max(4, len(self._nodes)), maxsize=pool_size, block=False)
+        self.miss_on_unavailable = miss_on_unavailable
+        self._flights: Dict[str, "_Flight"] = {}
+        self._flights_lock = threading.Lock()
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._pool_size = pool_size
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def url(self, key: Key) -> str:
+        """The URL of ``key`` on the node that owns it."""
+        path = canonical(key)
+        node = self._nodes[self._ring.owner(path)] if self._ring else self._nodes[0]
+        return f"{node}/{path}"
+
+    def _request(
+        self,
+        method: str,
+        key: Key,
+        *,
+        body: Any = None,
+        headers: Optional[Dict[str, str]] = None,
+        stream: bool = False,
+        chunked: bool = False,
+    ) -> urllib3.BaseHTTPResponse:
+        h = dict(self._headers)
+        if headers:
+            h.update(headers)
+        try:
+            r = self._pool.request(
+                method,
+                self.url(key),
+                body=body,
+                headers=h,
+                timeout=self._timeout,
+                retries=False,  # a cache is not worth a second try: the caller decides
+                preload_content=not stream,
+                chunked=chunked,
+                redirect=False,
+            )
+        except urllib3.exceptions.HTTPError as e:
+            raise Unavailable(f"{method} {self.url(key)}: {e}") from e
+        if r.status == 503:
+            msg = _message(r)
+            raise Unavailable(f"{method} {self.url(key)}: 503 {msg}")
+        return r
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def get(self, key: Key, default: Any = None) -> Any:
+        """The value of ``key`` (deserialized), or ``default`` when it has none."""
+        r = self._request("GET", key)
+        if r.status == 404:
+            return default
+        _check(r)
+        return self._serializer.loads(r.data)
+
+    def __getitem__(self, key: Key) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise NotFound(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, (str, bytes)):
+            return False
+        r = self._request("HEAD", key)
+        if r.status == 404:
+            return False
+        _check(r)
+        return True
+
+    def open(self, key: Key) -> "Reader":
+        """A readable file-like object streaming the value as it arrives (bytes, whatever the
+        serializer): the value is never held whole in memory."""
+        r = self._request("GET", key, stream=True)
+        if r.status == 404:
+            r.release_conn()
+            raise NotFound(key)
+        if r.status >= 300:
+            try:
+                _check(r)
+            finally:
+                r.release_conn()
+        return Reader(r)
+
+    def get_many(self, keys: Iterable[Key]) -> Dict[Key, Any]:
+        """The values of ``keys`` that have one, fetched concurrently over pooled connections."""
+        keys = list(keys)
+        values = self._map(lambda k: self.get(k, _MISSING), keys)
+        return {k: v for k, v in zip(keys, values) if v is not _MISSING}
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def set(self, key: Key, value: Any, *, ttl: Optional[float] = None, content_type: Optional[str] = None) -> None:
+        """Stores ``value`` under ``key``. A file object (anything with ``read``) is streamed
+        from where it stands, never read whole; other values go through the serializer.
+        ``ttl`` in seconds (whole seconds on the wire, rounded up)."""
+        headers: Dict[str, str] = {}
+        if ttl is not None:
+            headers["X-TTL"] = str(max(1, int(-(-ttl // 1))))
+        if content_type:
+            headers["Content-Type"] = content_type
+        chunked = False
+        if hasattr(value, "read"):
+            body: Any = value
+            length = _remaining(value)
+            if length is None:
+                body, chunked = _pieces(value), True
+            else:
+                headers["Content-Length"] = str(length)
+        else:
+            body = self._serializer.dumps(value)
+        _check(self._request("PUT", key, body=body, headers=headers, chunked=chunked))
+
+    def __setitem__(self, key: Key, value: Any) -> None:
+        self.set(key, value)
+
+    def delete(self, key: Key) -> bool:
+        """Deletes ``key``; whether it had a value."""
+        r = self._request("DELETE", key)
+        if r.status == 404:
+            return False
+        _check(r)
+        return True
+
+    def __delitem__(self, key: Key) -> None:
+        if not self.delete(key):
+            raise NotFound(key)
+
+    def set_many(self, mapping: Mapping[Key, Any], ttl: Optional[float] = None) -> None:
+        """Stores every item concurrently over pooled connections."""
+        items = list(mapping.items())
+        self._map(lambda kv: self.set(kv[0], kv[1], ttl=ttl), items)
+
+    # -- computing --------------------------------------------------------------------------
+
+    def get_or_set(self, key: Key, compute: Callable[[], T], *, ttl: Optional[float] = None) -> T:
+        """The value of ``key``; on a miss, ``compute()``'s result, stored with ``ttl`` and
+        returned. Concurrent callers of one key in this process compute it once."""
+        value = self._get_or_miss(key, self._serializer)
+        if value is not _MISSING:
+            return value  # type: ignore[no-any-return]
+        return self._single_flight(canonical(key), lambda: self._compute_and_store(key, compute, ttl))
+
+    def memoize(
+        self, ttl: Optional[float] = None, key: Optional[Callable[..., Key]] = None, beta: float = 1.0
+    ) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """A decorator caching a function's results in larder, with stampede protection (see
+        ``_memo``). ``key(*args, **kwargs)`` names a call's key; by default the function's name
+        and a hash of its arguments."""
+        serializer = for_memoize(self._serializer)
+
+        def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> T:
+                k = key(*args, **kwargs) if key else _memo.call_key(fn, args, kwargs)
+                stored = self._get_or_miss(k, None)
+                if stored is not _MISSING:
+                    env = _memo.unwrap(stored)
+                    if env and not _memo.recompute_early(env[1], env[2], beta):
+                        return serializer.loads(env[0])  # type: ignore[no-any-return]
+
+                def run() -> T:
+                    started = time.monotonic()
+                    result = fn(*args, **kwargs)
+                    data = _memo.wrap(serializer.dumps(result), time.monotonic() - started, ttl)
+                    self._store_quietly(k, data, ttl)
+                    return result
+
+                return self._single_flight(canonical(k), run)
+
+            return wrapper
+
+        return decorate
+
+    def _get_or_miss(self, key: Key, serializer: Optional[Serializer]) -> Any:
+        try:
+            r = self._request("GET", key)
+        except Unavailable:
+            if not self.miss_on_unavailable:
+                raise
+            return _MISSING
+        if r.status == 404:
+            return _MISSING
+        _check(r)
+        return serializer.loads(r.data) if serializer else r.data
+
+    def _compute_and_store(self, key: Key, compute: Callable[[], T], ttl: Optional[float]) -> T:
+        value = compute()
+        self._store_quietly(key, self._serializer.dumps(value), ttl)
+        return value
+
+    def _store_quietly(self, key: Key, data: bytes, ttl: Optional[float]) -> None:
+        headers = {"X-TTL": str(max(1, int(-(-ttl // 1))))} if ttl else {}
+        try:
+            _check(self._request("PUT", key, body=data, headers=headers))
+        except Unavailable:
+            if not self.miss_on_unavailable:
+                raise
+
+    def _single_flight(self, name: str, run: Callable[[], T]) -> T:
+        with self._flights_lock:
+            flight = self._flights.get(name)
+            leader = flight is None
+            if flight is None:
+                flight = self._flights[name] = _Flight()
+        if not leader:
+            return flight.wait()  # type: ignore[no-any-return]
+        try:
+            result = run()
+            flight.done(result, None)
+            return result
+        except BaseException as e:
+            flight.done(None, e)
+            raise
+        finally:
+            with self._flights_lock:
+                self._flights.pop(name, None)
+
+    def _map(self, f: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        if len(items) <= 1:
+            return [f(i) for i in items]
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=self._pool_size, thread_name_prefix="larder")
+        return list(self._executor.map(f, items))
+
+    def close(self) -> None:
+        if self._executor:
+            self._executor.shutdown(wait=False)
+        self._pool.clear()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Flight:
+    """One computation that concurrent callers of a key wait for."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: Optional[BaseException] = None
+
+    def done(self, result: Any, error: Optional[BaseException]) -> None:
+        self._result, self._error = result, error
+        self._event.set()
+
+    def wait(self) -> Any:
+        self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class Reader(io.RawIOBase):
+    """A value streamed from the server; close it (or use ``with``) to free the connection."""
+
+    def __init__(self, response: urllib3.BaseHTTPResponse) -> None:
+        super().__init__()
+        self._r = response
+        length = response.headers.get("Content-Length")
+        self.length: Optional[int] = int(length) if length is not None else None
+        self.content_type: Optional[str] = response.headers.get("Content-Type")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            data = self._r.read(len(buffer))
+        except urllib3.exceptions.HTTPError as e:
+            raise Unavailable(f"the value broke off: {e}") from e
+        n = len(data)
+        buffer[:n] = data
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._r.release_conn()
+        super().close()
+
+
+def _message(r: urllib3.BaseHTTPResponse) -> str:
+    try:
+        return r.data.decode("utf-8", "replace").strip()
+    except Exception:
+        return ""
+
+
+def _check(r: urllib3.BaseHTTPResponse) -> None:
+    if r.status < 300:
+        return
+    if r.status == 404:
+        raise NotFound(r.geturl() or "")
+    if r.status >= 500:
+        raise Unavailable(f"{r.status} {_message(r)}")
+    raise Refused(r.status, _message(r))
+
+
+def _remaining(f: Any) -> Optional[int]:
+    """Bytes left in a file object, when it can say."""
+    try:
+        return os.fstat(f.fileno()).st_size - f.tell()  # type: ignore[no-any-return]
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return None
+
+
+def _pieces(f: Any, size: int = 1 << 20) -> Iterable[bytes]:
+    while True:
+        piece = f.read(size)
+        if not piece:
+            return
+        yield piece

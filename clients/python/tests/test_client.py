@@ -1,0 +1,196 @@
+"""Every API point against the real binary, for the sync client and the asyncio one."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from typing import Any, Callable, List
+
+import pytest
+
+import larder
+from conftest import Node
+
+
+def test_get_set_delete_and_dict_access(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url)
+    assert c.get("a/b") is None and c.get("a/b", b"dflt") == b"dflt"
+    c.set("a/b", b"value")
+    assert c.get("a/b") == b"value" and c["a/b"] == b"value" and "a/b" in c
+    c["caf\u00e9 & co?"] = "text is UTF-8"
+    assert c["caf\u00e9 & co?"] == b"text is UTF-8"
+    with pytest.raises(larder.NotFound):
+        c["missing"]
+    with pytest.raises(KeyError):
+        c["missing"]
+    assert "missing" not in c
+    assert c.delete("a/b") is True and c.delete("a/b") is False
+    del c["caf\u00e9 & co?"]
+    with pytest.raises(larder.NotFound):
+        del c["caf\u00e9 & co?"]
+    with pytest.raises(TypeError):
+        c.set("k", {"not": "bytes"})
+
+
+def test_ttl_content_type_and_serializers(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url)
+    c.set("short", b"lived", ttl=1)
+    assert c.get("short") == b"lived"
+    time.sleep(1.2)
+    assert c.get("short") is None
+    c.set("typed", b"<p>", content_type="text/html")
+    for ser, value in [("pickle", {"a": [1, 2.5, None]}), ("json", {"a": [1, 2.5, None]}), (larder.PICKLE, (1, "x"))]:
+        s = make(node.url, serializer=ser)
+        s.set("obj", value)
+        assert s.get("obj") == value and s["obj"] == value
+    with pytest.raises(ValueError):
+        make(node.url, serializer="yaml")
+
+
+def test_errors_say_what_happened(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url)
+    with pytest.raises(larder.Refused) as e:
+        c.set("x" * 2000, b"v")  # a key longer than 1024 bytes
+    assert e.value.status in (400, 414) and e.value.message
+    down = make(f"http://127.0.0.1:{node.port}", timeout=1)
+    node.stop()
+    with pytest.raises(larder.Unavailable):
+        down.get("a")
+    with pytest.raises(larder.Unavailable):
+        down.set("a", b"v")
+
+
+def test_get_or_set_computes_once_per_key_and_survives_a_node_down(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url, serializer="pickle")
+    calls: List[int] = []
+
+    def compute() -> Any:
+        calls.append(1)
+        return {"n": len(calls)}
+
+    assert c.get_or_set("g", compute, ttl=60) == {"n": 1}
+    assert c.get_or_set("g", compute) == {"n": 1} and len(calls) == 1
+    node.stop()
+    assert c.get_or_set("h", compute) == {"n": 2}, "an unavailable node is a miss"
+    strict = make(node.url, miss_on_unavailable=False)
+    with pytest.raises(larder.Unavailable):
+        strict.get_or_set("h", lambda: b"x")
+
+
+def test_single_flight_in_one_process(node: Node) -> None:
+    c = larder.Client(node.url)
+    calls: List[int] = []
+    gate = threading.Event()
+
+    def slow() -> bytes:
+        calls.append(1)
+        gate.wait(5)
+        return b"computed"
+
+    out: List[Any] = []
+    threads = [threading.Thread(target=lambda: out.append(c.get_or_set("sf", slow))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    gate.set()
+    for t in threads:
+        t.join()
+    assert out == [b"computed"] * 8 and len(calls) == 1
+
+
+def test_async_get_or_set_takes_async_callables_and_single_flights(node: Node) -> None:
+    import asyncio
+
+    async def main() -> None:
+        async with larder.AsyncClient(node.url) as c:
+            calls: List[int] = []
+
+            async def compute() -> bytes:
+                calls.append(1)
+                await asyncio.sleep(0.2)
+                return b"from a coroutine"
+
+            got = await asyncio.gather(*(c.get_or_set("ak", compute) for _ in range(10)))
+            assert got == [b"from a coroutine"] * 10 and len(calls) == 1
+            assert await c.get("ak") == b"from a coroutine"
+
+            @c.memoize(ttl=60)
+            async def square(x: int) -> int:
+                calls.append(1)
+                return x * x
+
+            assert await square(7) == 49 and await square(7) == 49 and len(calls) == 2
+
+    asyncio.run(main())
+
+
+def test_memoize_caches_per_arguments_and_recomputes_early_near_expiry(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url)
+    calls: List[Any] = []
+
+    @c.memoize(ttl=60)
+    def add(a: int, b: int = 0) -> int:
+        calls.append((a, b))
+        return a + b
+
+    assert add(1, b=2) == 3 and add(1, b=2) == 3 and add(2) == 2
+    assert calls == [(1, 2), (2, 0)]
+
+    @c.memoize(ttl=2, key=lambda x: f"slow/{x}")
+    def slow(x: int) -> int:
+        calls.append(x)
+        time.sleep(0.5)
+        return x
+
+    slow(5)
+    n = len(calls)
+    assert slow(5) == 5 and len(calls) == n, "fresh and far from expiry: served"
+    # Within about its computing time of the expiry, a reader recomputes early (XFetch).
+    time.sleep(1.4)
+    for _ in range(20):
+        slow(5)
+    assert len(calls) > n, "recomputed before the expiry"
+
+
+def test_get_many_and_set_many(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url)
+    c.set_many({f"m/{i}": str(i).encode() for i in range(50)}, ttl=60)
+    got = c.get_many([f"m/{i}" for i in range(55)])
+    assert got == {f"m/{i}": str(i).encode() for i in range(50)}
+
+
+def test_streaming_a_file_in_and_out(node: Node, make: Callable[..., Any], tmp_path: Any) -> None:
+    c = make(node.url)
+    data = bytes(range(256)) * 20_000  # 5 MB: chunked on the server too
+    p = tmp_path / "blob"
+    p.write_bytes(data)
+    with open(p, "rb") as f:
+        c.set("blob", f)
+    c.set("from-bytesio", io.BytesIO(data[:1000]))
+    out = bytearray()
+    with c.open("blob") as r:
+        while True:
+            piece = r.read(1 << 16)
+            if not piece:
+                break
+            out += piece
+    assert bytes(out) == data
+    assert c.get("from-bytesio") == data[:1000]
+    with pytest.raises(larder.NotFound):
+        with c.open("nothing"):
+            pass
+
+
+def test_several_nodes_each_key_on_its_owner(nodes: List[Node], make: Callable[..., Any]) -> None:
+    urls = [n.url for n in nodes]
+    c = make(urls)
+    for i in range(300):
+        c.set(f"k/{i}", str(i).encode())
+    ring = larder.Ring([u.split("//")[1] for u in urls])
+    for i in range(300):
+        owner = nodes[ring.owner(larder.canonical(f"k/{i}"))]
+        assert larder.Client(owner.url).get(f"k/{i}") == str(i).encode()
+        others = [n for n in nodes if n is not owner]
+        assert all(larder.Client(o.url).get(f"k/{i}") is None for o in others)
+    assert c.get_many([f"k/{i}" for i in range(300)]) == {f"k/{i}": str(i).encode() for i in range(300)}

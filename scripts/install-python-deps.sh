@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Python client (clients/python) and what its tests and benchmark need into a
+# virtual environment of the project's own, target/python (pytest, mypy, and the peers the
+# benchmark compares with: pymemcache, python-diskcache). Reuses it when it is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=target/python
+if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv
+fi
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+if ! "$venv/bin/python" -c 'import larder, pytest, mypy, pymemcache, diskcache' 2>/dev/null; then
+  "$venv/bin/pip" install -q --disable-pip-version-check -e 'clients/python[test]' pymemcache diskcache
+fi
