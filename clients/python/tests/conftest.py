@@ -47,8 +47,9 @@ class Node:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        ring = [] if "--volume-size" in self.args else ["--volume-size", "64MiB", "--volume-count", "8"]
         cmd = [larder_bin(), "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data),
-               "--volume-size", "64MiB", "--volume-count", "8", *self.args]
+               *ring, *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode()
