@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""The Python client next to its peers, in one run on one machine (BENCHMARKS.md, "The Python
+client"):
+
+- larder's `Client` (one thread) and `AsyncClient` (64 tasks) over HTTP;
+- pymemcache against Debian's memcached, and against larder's memcached protocol;
+- python-diskcache, a local library (no server, no network).
+
+For 1 KiB and 64 KiB values: sets, then gets of the keys set, each timed; ops/s, p50 and p99
+per operation. Servers on core 1 (`taskset`), this process on core 0.
+
+usage: target/python/bin/python bench/python-client.py [--ops 20000] [--larder target/release/larder]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List
+
+import diskcache
+from pymemcache.client.base import Client as Memcache
+
+import larder
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int) -> None:
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def stats(name: str, size: int, op: str, lat: List[float], wall: float) -> Dict[str, Any]:
+    lat.sort()
+    pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] * 1e6  # noqa: E731
+    return {"client": name, "size": size, "op": op, "ops": len(lat) / wall, "p50_us": pct(0.5), "p99_us": pct(0.99)}
+
+
+def timed_sync(n: int, f: Callable[[int], Any]) -> tuple[List[float], float]:
+    lat = []
+    start = time.perf_counter()
+    for i in range(n):
+        t = time.perf_counter()
+        f(i)
+        lat.append(time.perf_counter() - t)
+    return lat, time.perf_counter() - start
+
+
+async def timed_async(n: int, tasks: int, f: Callable[[int], Any]) -> tuple[List[float], float]:
+    lat: List[float] = []
+
+    async def worker(w: int) -> None:
+        for i in range(w, n, tasks):
+            t = time.perf_counter()
+            await f(i)
+            lat.append(time.perf_counter() - t)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(tasks)))
+    return lat, time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", type=int, default=20000)
+    ap.add_argument("--larder", default="target/release/larder")
+    ap.add_argument("--memcached", default="/usr/bin/memcached")
+    a = ap.parse_args()
+    os.sched_setaffinity(0, {0})
+    tmp = tempfile.mkdtemp(prefix="larder-pybench-")
+    http, mc_larder, mc = free_port(), free_port(), free_port()
+    procs = [
+        subprocess.Popen(["taskset", "-c", "1", a.larder, "serve", "--listen", f"127.0.0.1:{http}",
+                          "--memcache-listen", f"127.0.0.1:{mc_larder}", "--data-dir", f"{tmp}/larder",
+                          "--volume-size", "256MiB", "--volume-count", "8", "--log-level", "error"],
+                         stdout=subprocess.DEVNULL),
+        subprocess.Popen(["taskset", "-c", "1", a.memcached, "-l", "127.0.0.1", "-p", str(mc), "-U", "0",
+                          "-t", "1", "-m", "1024", "-u", "nobody"], stdout=subprocess.DEVNULL),
+    ]
+    rows: List[Dict[str, Any]] = []
+    try:
+        for p in (http, mc_larder, mc):
+            wait_port(p)
+        for size in (1 << 10, 64 << 10):
+            value = os.urandom(size)
+            n = a.ops if size <= 1024 else a.ops // 4
+            c = larder.Client(f"http://127.0.0.1:{http}")
+            for op, f in (("set", lambda i: c.set(f"s{size}/{i}", value)), ("get", lambda i: c.get(f"s{size}/{i}"))):
+                rows.append(stats("larder Client (1 thread)", size, op, *timed_sync(n, f)))
+
+            async def run_async() -> None:
+                async with larder.AsyncClient(f"http://127.0.0.1:{http}") as ac:
+                    for op, f in (("set", lambda i: ac.set(f"a{size}/{i}", value)), ("get", lambda i: ac.get(f"a{size}/{i}"))):
+                        rows.append(stats("larder AsyncClient (64 tasks)", size, op, *(await timed_async(n, 64, f))))
+
+            asyncio.run(run_async())
+            for name, port in (("pymemcache → memcached 1.6", mc), ("pymemcache → larder (memcached protocol)", mc_larder)):
+                m = Memcache(("127.0.0.1", port), default_noreply=False)
+                for op, f in (("set", lambda i: m.set(f"m{size}-{i}", value)), ("get", lambda i: m.get(f"m{size}-{i}"))):
+                    rows.append(stats(name + " (1 thread)", size, op, *timed_sync(n, f)))
+            d = diskcache.Cache(f"{tmp}/diskcache")
+            for op, f in (("set", lambda i: d.set(f"d{size}/{i}", value)), ("get", lambda i: d.get(f"d{size}/{i}"))):
+                rows.append(stats("python-diskcache (local, 1 thread)", size, op, *timed_sync(n, f)))
+            d.close()
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("| client | value | op | ops/s | p50 µs | p99 µs |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['client']} | {r['size'] >> 10} KiB | {r['op']} | {r['ops']:.0f} | {r['p50_us']:.0f} | {r['p99_us']:.0f} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
