@@ -48,11 +48,14 @@ def test_ttl_content_type_and_serializers(node: Node, make: Callable[..., Any]) 
         make(node.url, serializer="yaml")
 
 
-def test_errors_say_what_happened(node: Node, make: Callable[..., Any]) -> None:
-    c = make(node.url)
-    with pytest.raises(larder.Refused) as e:
-        c.set("x" * 2000, b"v")  # a key longer than 1024 bytes
-    assert e.value.status in (400, 414) and e.value.message
+def test_errors_say_what_happened(node: Node, make: Callable[..., Any], tmp_path: Any) -> None:
+    ro = Node(tmp_path / "ro", "--read-only")
+    try:
+        with pytest.raises(larder.Refused) as e:
+            make(ro.url).set("k", b"v")
+        assert e.value.status == 403 and "read-only" in e.value.message
+    finally:
+        ro.stop()
     down = make(f"http://127.0.0.1:{node.port}", timeout=1)
     node.stop()
     with pytest.raises(larder.Unavailable):
@@ -194,3 +197,87 @@ def test_several_nodes_each_key_on_its_owner(nodes: List[Node], make: Callable[.
         others = [n for n in nodes if n is not owner]
         assert all(larder.Client(o.url).get(f"k/{i}") is None for o in others)
     assert c.get_many([f"k/{i}" for i in range(300)]) == {f"k/{i}": str(i).encode() for i in range(300)}
+
+
+def test_keys_that_could_not_be_themselves_are_refused(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url)
+    for bad in ["a/../b", "./x", "a/.", "_larder/stats", "", "k" * 1025]:
+        with pytest.raises(ValueError):
+            c.set(bad, b"v")
+    assert larder.canonical("a:b!(x),&=@ é") == "a%3Ab%21%28x%29%2C%26%3D%40%20%C3%A9"
+
+
+def test_a_stream_closed_early_leaves_the_connection_usable(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url)
+    c.set("big", bytes(3 << 20))
+    for _ in range(3):
+        with c.open("big") as r:
+            assert r.read(10) == bytes(10)
+        c.set("after", b"ok")
+        assert c.get("after") == b"ok" and c.delete("after")
+
+
+def test_ttl_zero_means_no_expiry_over_the_servers_default(tmp_path: Any, make: Callable[..., Any]) -> None:
+    n = Node(tmp_path / "d", "--default-ttl", "1s")
+    try:
+        c = make(n.url)
+        c.set("default", b"v")
+        c.set("forever", b"v", ttl=0)
+        time.sleep(1.3)
+        assert c.get("default") is None and c.get("forever") == b"v"
+    finally:
+        n.stop()
+
+
+def test_a_value_too_large_to_cache_is_still_computed_and_returned(tmp_path: Any, make: Callable[..., Any]) -> None:
+    n = Node(tmp_path / "d", "--max-value-size", "1KiB")
+    try:
+        c = make(n.url)
+        assert c.get_or_set("huge", lambda: bytes(4096)) == bytes(4096)
+        with pytest.raises(larder.Refused) as e:
+            c.set("huge", bytes(4096))
+        assert e.value.status == 413
+    finally:
+        n.stop()
+
+
+def test_memoize_refuses_arguments_it_cannot_key(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url)
+
+    @c.memoize()
+    def f(x: Any) -> int:
+        return 1
+
+    with pytest.raises(TypeError):
+        f(threading.Lock())
+
+    def make_adder(n: int) -> Callable[[int], int]:
+        @c.memoize(key=lambda x: f"add/{n}/{x}")
+        def add(x: int) -> int:
+            return x + n
+
+        return add
+
+    assert make_adder(1)(1) == 2 and make_adder(5)(1) == 6, "closures named apart by key="
+
+
+def test_async_single_flight_survives_its_first_caller_being_cancelled(node: Node) -> None:
+    import asyncio
+
+    async def main() -> None:
+        async with larder.AsyncClient(node.url) as c:
+
+            async def compute() -> bytes:
+                await asyncio.sleep(0.3)
+                return b"done"
+
+            first = asyncio.ensure_future(c.get_or_set("cx", compute))
+            await asyncio.sleep(0.05)
+            others = [asyncio.ensure_future(c.get_or_set("cx", compute)) for _ in range(4)]
+            await asyncio.sleep(0.05)
+            first.cancel()
+            assert await asyncio.gather(*others) == [b"done"] * 4
+            with pytest.raises(asyncio.CancelledError):
+                await first
+
+    asyncio.run(main())

@@ -10,12 +10,13 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
 import aiohttp
+import yarl
 
 from . import _memo
 from ._errors import NotFound, Refused, Unavailable
 from ._keys import Key, Ring, canonical, nodes, server_string
 from ._serial import Serializer, for_memoize, resolve
-from ._sync import _remaining
+from ._sync import _remaining, _ttl
 
 T = TypeVar("T")
 _MISSING = object()
@@ -39,7 +40,8 @@ class AsyncClient:
         self._ring = Ring([server_string(n) for n in self._nodes]) if len(self._nodes) > 1 else None
         self._serializer = resolve(serializer)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout)
+        # sock_connect, not connect: waiting for a free pooled connection is not a timeout.
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
         self._pool_size = pool_size
         self._session: Optional[aiohttp.ClientSession] = None
         self.miss_on_unavailable = miss_on_unavailable
@@ -64,7 +66,11 @@ class AsyncClient:
             h.update(headers)
         url = self.url(key)
         try:
-            r = await self._s().request(method, url, data=data, headers=h, allow_redirects=False)
+            # encoded=True: the canonical path is sent as it is (yarl would otherwise decode
+            # `%3A` and its kind, and nginx would hash another path than the client did).
+            r = await self._s().request(
+                method, yarl.URL(url, encoded=True), data=data, headers=h, allow_redirects=False
+            )
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             raise Unavailable(f"{method} {url}: {e!r}") from e
         if r.status == 503:
@@ -96,11 +102,13 @@ class AsyncClient:
     async def contains(self, key: Key) -> bool:
         """``key in c`` for the async client."""
         r = await self._request("HEAD", key)
-        r.release()
-        if r.status == 404:
-            return False
-        await _check(r)
-        return True
+        try:
+            if r.status == 404:
+                return False
+            await _check(r, "HEAD")
+            return True
+        finally:
+            r.release()
 
     def open(self, key: Key) -> "AsyncReader":
         """``async with c.open(key) as r``: ``await r.read(n)`` or ``async for piece in r``;
@@ -113,29 +121,33 @@ class AsyncClient:
         return {k: v for k, v in zip(keys, values) if v is not _MISSING}
 
     async def set(self, key: Key, value: Any, *, ttl: Optional[float] = None, content_type: Optional[str] = None) -> None:
-        headers: Dict[str, str] = {}
-        if ttl is not None:
-            headers["X-TTL"] = str(max(1, int(-(-ttl // 1))))
+        headers = _ttl(ttl)
         if content_type:
             headers["Content-Type"] = content_type
-        if hasattr(value, "read") or hasattr(value, "__aiter__"):
-            length = _remaining(value) if hasattr(value, "read") else None
+        if hasattr(value, "__aiter__"):
+            data: Any = _apieces(value, None)
+        elif hasattr(value, "read"):
+            length = _remaining(value)
             if length is not None:
                 headers["Content-Length"] = str(length)
-            data: Any = _apieces(value)
+            data = _apieces(value, length)
         else:
             data = self._serializer.dumps(value)
         r = await self._request("PUT", key, data=data, headers=headers)
-        await _check(r)
-        r.release()
+        try:
+            await _check(r, "PUT")
+        finally:
+            r.release()
 
     async def delete(self, key: Key) -> bool:
         r = await self._request("DELETE", key)
-        r.release()
-        if r.status == 404:
-            return False
-        await _check(r)
-        return True
+        try:
+            if r.status == 404:
+                return False
+            await _check(r, "DELETE")
+            return True
+        finally:
+            r.release()
 
     async def delitem(self, key: Key) -> None:
         if not await self.delete(key):
@@ -203,31 +215,29 @@ class AsyncClient:
         return serializer.loads(data) if serializer else data
 
     async def _store_quietly(self, key: Key, data: bytes, ttl: Optional[float]) -> None:
-        headers = {"X-TTL": str(max(1, int(-(-ttl // 1))))} if ttl else {}
         try:
-            r = await self._request("PUT", key, data=data, headers=headers)
-            await _check(r)
-            r.release()
+            r = await self._request("PUT", key, data=data, headers=_ttl(ttl))
+            try:
+                await _check(r, "PUT")
+            finally:
+                r.release()
         except Unavailable:
             if not self.miss_on_unavailable:
                 raise
+        except Refused as e:
+            if e.status != 413:  # too large to cache: the computed value is still returned
+                raise
 
     async def _single_flight(self, name: str, run: Callable[[], Awaitable[T]]) -> T:
+        # The computation is a task of its own that every caller (the first one too) awaits
+        # through a shield: a caller that is cancelled leaves, and the others still get the
+        # result, never its CancelledError.
         flight = self._flights.get(name)
-        if flight is not None:
-            return await asyncio.shield(flight)
-        flight = asyncio.get_running_loop().create_future()
-        self._flights[name] = flight
-        try:
-            result = await run()
-            flight.set_result(result)
-            return result
-        except BaseException as e:
-            flight.set_exception(e)
-            flight.exception()  # retrieved: no "never retrieved" warning when nobody waited
-            raise
-        finally:
-            self._flights.pop(name, None)
+        if flight is None:
+            flight = asyncio.ensure_future(run())
+            self._flights[name] = flight
+            flight.add_done_callback(lambda f: self._flights.pop(name, None) if self._flights.get(name) is f else None)
+        return await asyncio.shield(flight)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -282,11 +292,11 @@ class AsyncReader:
             self._r.release()
 
 
-async def _check(r: aiohttp.ClientResponse) -> None:
+async def _check(r: aiohttp.ClientResponse, method: str = "GET") -> None:
     if r.status < 300:
         return
-    msg = (await r.text(errors="replace")).strip()
-    if r.status == 404:
+    msg = "" if method == "HEAD" else (await r.text(errors="replace")).strip()
+    if r.status == 404 and method in ("GET", "HEAD"):
         raise NotFound(str(r.url))
     if r.status >= 500:
         raise Unavailable(f"{r.status} {msg}")
@@ -300,13 +310,20 @@ async def _call(f: Callable[[], Any]) -> Any:
     return result
 
 
-async def _apieces(value: Any, size: int = 1 << 20) -> AsyncIterator[bytes]:
+async def _apieces(value: Any, length: Optional[int], size: int = 1 << 20) -> AsyncIterator[bytes]:
+    """The pieces of an upload: an async iterable's, or a file's read on a thread (exactly
+    ``length`` bytes when it is known)."""
     if hasattr(value, "__aiter__"):
         async for piece in value:
             yield bytes(piece)
         return
-    while True:
-        piece = await asyncio.to_thread(value.read, size)
+    left = length
+    while left is None or left > 0:
+        piece = await asyncio.to_thread(value.read, size if left is None else min(size, left))
         if not piece:
+            if left:
+                raise OSError(f"the file ended {left} bytes short of its size")
             return
+        if left is not None:
+            left -= len(piece)
         yield piece

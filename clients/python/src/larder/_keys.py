@@ -22,10 +22,16 @@ _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 
 
 def canonical(key: Key) -> str:
-    """The request path of ``key`` (without the leading ``/``)."""
+    """The request path of ``key`` (without the leading ``/``). A key that HTTP libraries
+    would rewrite (a ``.`` or ``..`` segment: ``a/../b`` is sent as ``b``), or that names
+    larder's admin namespace (``_larder/``), is a ``ValueError``: it could never be itself."""
     raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
-    if not raw:
-        raise ValueError("a key is 1 to 1024 bytes")
+    if not 1 <= len(raw) <= 1024:
+        raise ValueError(f"a key is 1 to 1024 bytes, not {len(raw)}")
+    if any(seg in (b".", b"..") for seg in raw.split(b"/")):
+        raise ValueError(f"a key has no . or .. segment (URLs resolve them away): {key!r}")
+    if raw.startswith(b"_larder/"):
+        raise ValueError(f"keys under _larder/ are larder's own: {key!r}")
     return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in raw)
 
 

@@ -28,10 +28,13 @@ def call_key(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: dict[str, An
     """A key for ``fn(*args, **kwargs)``: the function's module and qualified name, and a hash
     of its arguments (pickled, so equal arguments give equal keys across processes)."""
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    # Captured variables are not part of the key (they are often clients, loggers, counters):
+    # closures of one function that compute different things need a key= of their own.
     try:
         blob = pickle.dumps((args, sorted(kwargs.items())), protocol=4)
-    except Exception:
-        blob = repr((args, sorted(kwargs.items()))).encode()
+    except Exception as e:
+        # repr() would name objects by address, which another object may reuse: never that.
+        raise TypeError(f"memoize cannot key a call of {name} by its arguments ({e}); give it key=") from e
     return f"memo/{name}/{hashlib.sha256(blob).hexdigest()[:32]}"
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import os
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -145,22 +147,21 @@ class Client:
         """Stores ``value`` under ``key``. A file object (anything with ``read``) is streamed
         from where it stands, never read whole; other values go through the serializer.
         ``ttl`` in seconds (whole seconds on the wire, rounded up)."""
-        headers: Dict[str, str] = {}
-        if ttl is not None:
-            headers["X-TTL"] = str(max(1, int(-(-ttl // 1))))
+        headers = _ttl(ttl)
         if content_type:
             headers["Content-Type"] = content_type
         chunked = False
         if hasattr(value, "read"):
-            body: Any = value
             length = _remaining(value)
             if length is None:
-                body, chunked = _pieces(value), True
+                body: Any = _pieces(value)
+                chunked = True
             else:
+                body = _capped(value, length)
                 headers["Content-Length"] = str(length)
         else:
             body = self._serializer.dumps(value)
-        _check(self._request("PUT", key, body=body, headers=headers, chunked=chunked))
+        _check(self._request("PUT", key, body=body, headers=headers, chunked=chunked), "PUT")
 
     def __setitem__(self, key: Key, value: Any) -> None:
         self.set(key, value)
@@ -170,7 +171,7 @@ class Client:
         r = self._request("DELETE", key)
         if r.status == 404:
             return False
-        _check(r)
+        _check(r, "DELETE")
         return True
 
     def __delitem__(self, key: Key) -> None:
@@ -226,13 +227,13 @@ class Client:
     def _get_or_miss(self, key: Key, serializer: Optional[Serializer]) -> Any:
         try:
             r = self._request("GET", key)
+            if r.status == 404:
+                return _MISSING
+            _check(r)
         except Unavailable:
             if not self.miss_on_unavailable:
                 raise
             return _MISSING
-        if r.status == 404:
-            return _MISSING
-        _check(r)
         return serializer.loads(r.data) if serializer else r.data
 
     def _compute_and_store(self, key: Key, compute: Callable[[], T], ttl: Optional[float]) -> T:
@@ -241,11 +242,13 @@ class Client:
         return value
 
     def _store_quietly(self, key: Key, data: bytes, ttl: Optional[float]) -> None:
-        headers = {"X-TTL": str(max(1, int(-(-ttl // 1))))} if ttl else {}
         try:
-            _check(self._request("PUT", key, body=data, headers=headers))
+            _check(self._request("PUT", key, body=data, headers=_ttl(ttl)), "PUT")
         except Unavailable:
             if not self.miss_on_unavailable:
+                raise
+        except Refused as e:
+            if e.status != 413:  # too large to cache: the computed value is still returned
                 raise
 
     def _single_flight(self, name: str, run: Callable[[], T]) -> T:
@@ -270,8 +273,9 @@ class Client:
     def _map(self, f: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         if len(items) <= 1:
             return [f(i) for i in items]
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=self._pool_size, thread_name_prefix="larder")
+        with self._flights_lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=self._pool_size, thread_name_prefix="larder")
         return list(self._executor.map(f, items))
 
     def close(self) -> None:
@@ -311,6 +315,7 @@ class Reader(io.RawIOBase):
     def __init__(self, response: urllib3.BaseHTTPResponse) -> None:
         super().__init__()
         self._r = response
+        self._eof = False
         length = response.headers.get("Content-Length")
         self.length: Optional[int] = int(length) if length is not None else None
         self.content_type: Optional[str] = response.headers.get("Content-Type")
@@ -325,10 +330,16 @@ class Reader(io.RawIOBase):
             raise Unavailable(f"the value broke off: {e}") from e
         n = len(data)
         buffer[:n] = data
+        if n == 0 and len(buffer) > 0:
+            self._eof = True
         return n
 
     def close(self) -> None:
         if not self.closed:
+            # A body not read to its end would be the next request's answer on a reused
+            # connection: such a connection is closed, not given back.
+            if not self._eof:
+                self._r.close()
             self._r.release_conn()
         super().close()
 
@@ -340,10 +351,18 @@ def _message(r: urllib3.BaseHTTPResponse) -> str:
         return ""
 
 
-def _check(r: urllib3.BaseHTTPResponse) -> None:
+def _ttl(ttl: Optional[float]) -> Dict[str, str]:
+    """The expiry header: whole seconds, rounded up; 0 is no expiry (larder's meaning, which
+    overrides its --default-ttl); none when ``ttl`` is None (the server's default applies)."""
+    if ttl is None:
+        return {}
+    return {"X-TTL": str(0 if ttl <= 0 else math.ceil(ttl))}
+
+
+def _check(r: urllib3.BaseHTTPResponse, method: str = "GET") -> None:
     if r.status < 300:
         return
-    if r.status == 404:
+    if r.status == 404 and method in ("GET", "HEAD"):
         raise NotFound(r.geturl() or "")
     if r.status >= 500:
         raise Unavailable(f"{r.status} {_message(r)}")
@@ -351,11 +370,31 @@ def _check(r: urllib3.BaseHTTPResponse) -> None:
 
 
 def _remaining(f: Any) -> Optional[int]:
-    """Bytes left in a file object, when it can say."""
+    """Bytes left in a binary regular file, or in a BytesIO; None for anything else (a pipe, a
+    socket, a /proc file whose size says nothing), which is sent chunked."""
+    if isinstance(f, io.TextIOBase):
+        raise TypeError("open the file in binary mode ('rb'): a value is bytes")
+    if isinstance(f, io.BytesIO):
+        return len(f.getbuffer()) - f.tell()
     try:
-        return os.fstat(f.fileno()).st_size - f.tell()  # type: ignore[no-any-return]
-    except (AttributeError, OSError, io.UnsupportedOperation):
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return None
+        return max(0, st.st_size - int(f.tell()))
+    except (AttributeError, OSError, io.UnsupportedOperation, TypeError):
         return None
+
+
+def _capped(f: Any, length: int, size: int = 1 << 20) -> Iterable[bytes]:
+    """Exactly ``length`` bytes of ``f`` (a file that grows while it is sent adds nothing to
+    the request; one that shrinks fails it rather than leave the connection waiting)."""
+    left = length
+    while left > 0:
+        piece = f.read(min(size, left))
+        if not piece:
+            raise OSError(f"the file ended {left} bytes short of its size")
+        left -= len(piece)
+        yield piece
 
 
 def _pieces(f: Any, size: int = 1 << 20) -> Iterable[bytes]:
