@@ -14,7 +14,7 @@ import yarl
 
 from . import _memo
 from ._errors import NotFound, Refused, Unavailable
-from ._keys import Key, Ring, canonical, nodes, server_string
+from ._keys import Key, Routing, canonical
 from ._serial import Serializer, for_memoize, resolve
 from ._sync import _remaining, _ttl
 
@@ -22,7 +22,7 @@ T = TypeVar("T")
 _MISSING = object()
 
 
-class AsyncClient:
+class AsyncClient(Routing):
     """The asyncio twin of ``larder.Client`` (same arguments, same methods, awaited). Use it as
     ``async with AsyncClient(url) as c`` or call ``await c.close()``."""
 
@@ -36,8 +36,7 @@ class AsyncClient:
         miss_on_unavailable: bool = True,
         pool_size: int = 64,
     ) -> None:
-        self._nodes = nodes(url_or_urls)
-        self._ring = Ring([server_string(n) for n in self._nodes]) if len(self._nodes) > 1 else None
+        super().__init__(url_or_urls)
         self._serializer = resolve(serializer)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         # sock_connect, not connect: waiting for a free pooled connection is not a timeout.
@@ -46,11 +45,6 @@ class AsyncClient:
         self._session: Optional[aiohttp.ClientSession] = None
         self.miss_on_unavailable = miss_on_unavailable
         self._flights: Dict[str, "asyncio.Future[Any]"] = {}
-
-    def url(self, key: Key) -> str:
-        path = canonical(key)
-        node = self._nodes[self._ring.owner(path)] if self._ring else self._nodes[0]
-        return f"{node}/{path}"
 
     def _s(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

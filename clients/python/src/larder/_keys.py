@@ -83,6 +83,20 @@ def nodes(url_or_urls: Union[str, Sequence[str]]) -> List[str]:
     return out
 
 
+class Routing:
+    """What both clients share: the nodes, the ring over them, and a key's URL."""
+
+    def __init__(self, url_or_urls: Union[str, Sequence[str]]) -> None:
+        self._nodes = nodes(url_or_urls)
+        self._ring = Ring([server_string(n) for n in self._nodes]) if len(self._nodes) > 1 else None
+
+    def url(self, key: Key) -> str:
+        """The URL of ``key`` on the node that owns it."""
+        path = canonical(key)
+        node = self._nodes[self._ring.owner(path)] if self._ring else self._nodes[0]
+        return f"{node}/{path}"
+
+
 def server_string(url: str) -> str:
     """The ``host:port`` an nginx upstream block would name this node by."""
     return urlsplit(url).netloc

@@ -16,14 +16,14 @@ import urllib3
 
 from . import _memo
 from ._errors import NotFound, Refused, Unavailable
-from ._keys import Key, Ring, canonical, nodes, server_string
+from ._keys import Key, Routing, canonical
 from ._serial import Serializer, for_memoize, resolve
 
 T = TypeVar("T")
 _MISSING = object()
 
 
-class Client:
+class Client(Routing):
     """A client of one larder node, or of several (each key goes to the node nginx's consistent
     hash would pick: docs/CLUSTER.md).
 
@@ -44,8 +44,7 @@ class Client:
         miss_on_unavailable: bool = True,
         pool_size: int = 32,
     ) -> None:
-        self._nodes = nodes(url_or_urls)
-        self._ring = Ring([server_string(n) for n in self._nodes]) if len(self._nodes) > 1 else None
+        super().__init__(url_or_urls)
         self._serializer = resolve(serializer)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
@@ -57,12 +56,6 @@ class Client:
         self._pool_size = pool_size
 
     # -- plumbing ---------------------------------------------------------------------------
-
-    def url(self, key: Key) -> str:
-        """The URL of ``key`` on the node that owns it."""
-        path = canonical(key)
-        node = self._nodes[self._ring.owner(path)] if self._ring else self._nodes[0]
-        return f"{node}/{path}"
 
     def _request(
         self,
