@@ -128,6 +128,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
             if let Some(p) = &app.proxy {
                 crate::proxy::render_metrics(&p.counters);
             }
+            crate::guard::render_metrics(&app.policy);
             let text = app.metrics.render(stats.as_ref(), &app.memcache);
             let mut r = Response::new(Body::full(Bytes::from(text)));
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
@@ -182,6 +183,8 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
                 "allocated_bytes": s.allocated_bytes,
                 "degraded": s.degraded,
                 "memcache": memcache_stats(&app.memcache),
+                "refusals": crate::guard::refusals_json(&app.policy),
+                "deadline_closes": crate::guard::lates_json(&app.policy),
                 "dirs": s.dirs.iter().map(|d| serde_json::json!({
                     "path": d.path.display().to_string(),
                     "id": d.id,

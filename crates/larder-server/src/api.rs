@@ -1,8 +1,10 @@
 //! The key API: GET, HEAD, PUT and DELETE of `/<key>`, the reading of request bodies, and the
 //! one mapping from engine outcomes to HTTP statuses.
 
-use crate::app::{App, BodyBudget, Held, Holding};
+use crate::app::{App, Held, Holding};
 use crate::config::Settings;
+use crate::guard::budget::{Budget, Charge};
+use crate::guard::{Door, Unit};
 use crate::headers;
 use crate::reply::{text, text_owned, Body, Resp};
 use bytes::Bytes;
@@ -272,26 +274,76 @@ pub async fn get(
 /// Why a request body was not taken.
 enum BodyError {
     TooLarge,
+    /// Slower than the minimum rate.
+    TooSlow,
     Broken(hyper::Error),
 }
 
 /// Reads the body as the frames it came in (the store writes them with one vectored write:
 /// joining them cost a `memmove` and a fresh buffer's page faults per request), refusing as
-/// soon as it passes `limit` (nothing is buffered past it).
-async fn read_body(mut body: Incoming, limit: u64) -> Result<Vec<Bytes>, BodyError> {
+/// soon as it passes `limit` (nothing is buffered past it). Each frame is charged to `room`
+/// as it arrives (`expected`: the length it declared, if any, else `limit`; see [`charge`]),
+/// and the body must keep the minimum rate ([`next_frame`]).
+async fn read_body(
+    app: &App,
+    mut body: Incoming,
+    limit: u64,
+    expected: u64,
+    room: &mut Charge,
+    held: Option<&Held>,
+) -> Result<Vec<Bytes>, BodyError> {
     let mut parts = Vec::new();
     let mut have = 0u64;
-    while let Some(frame) = body.frame().await {
+    let start = tokio::time::Instant::now();
+    while let Some(frame) = next_frame(app, &mut body, start, have).await? {
         let Ok(data) = frame.map_err(BodyError::Broken)?.into_data() else { continue };
         have += data.len() as u64;
         if have > limit {
             return Err(BodyError::TooLarge);
         }
+        charge(room, have, expected, held).await;
         if !data.is_empty() {
             parts.push(data);
         }
     }
     Ok(parts)
+}
+
+/// The body's next frame, if it comes before the body's deadline: `received` bytes since
+/// `start` must have kept the minimum rate (`Policy::body_deadline`), however they trickle.
+async fn next_frame(
+    app: &App,
+    body: &mut Incoming,
+    start: tokio::time::Instant,
+    received: u64,
+) -> Result<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>, BodyError> {
+    match app.policy.body_deadline(received) {
+        None => Ok(body.frame().await),
+        Some(d) => tokio::time::timeout_at(start + d, body.frame()).await.map_err(|_| {
+            app.policy.late(Door::Http, Unit::Body);
+            BodyError::TooSlow
+        }),
+    }
+}
+
+/// Charges a body that has `have` bytes in and is expected to need room for `expected` in
+/// all (with its read buffer): what arrived, without waiting, until it has proven itself (`budget::PROVEN`); then the
+/// whole, waited for as a held request (the connection's idle timeout does not run while the
+/// server makes it wait).
+async fn charge(room: &mut Charge, have: u64, expected: u64, held: Option<&Held>) {
+    let now = Budget::with_read_buffer(have);
+    if room.try_arrived(have, now) {
+        return;
+    }
+    let _holding = Holding::new(held);
+    room.grow_to(now.max(Budget::with_read_buffer(expected))).await;
+}
+
+/// A body that came too slowly: 408, and the connection closes.
+fn too_slow() -> Resp {
+    let mut r = text(StatusCode::REQUEST_TIMEOUT, "the request body arrived too slowly\n");
+    r.headers_mut().insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
 /// The slices of a body's frames, for [`Store::put_parts`].
@@ -383,33 +435,30 @@ pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Opt
     // chunk as it arrives, holding room for two chunks of it, not the whole.
     let chunk = app.store.get().expect("store is ready before writes are routed").config().chunk_size;
     let streamed = declared.is_none_or(|n| n > chunk) && limit > chunk;
-    // Room for the body before a byte of it is read; a body of unknown length (chunked) gets
-    // the largest it may be, and gives back what it did not use once it is in. One reservation
-    // per request, so that requests never hold part of the budget while waiting for more.
-    // A streamed upload takes its turn among them first, so that one waiting holds no budget.
-    let holding = Holding::new(held.as_ref());
+    // A streamed upload takes its turn among them first (each holds a blocking thread).
     let turn = match streamed {
-        true => Some(app.uploads.acquire().await.expect("the uploads' semaphore is never closed")),
+        true => {
+            let _holding = Holding::new(held.as_ref());
+            Some(app.uploads.acquire().await.expect("the uploads' semaphore is never closed"))
+        }
         false => None,
     };
-    let want = if streamed { declared.unwrap_or(limit).min(2 * chunk) } else { declared.unwrap_or(limit) };
-    let mut room = app.body_budget.reserve(want).await;
-    drop(holding);
+    // Room in the budget is taken as the body arrives, never for a length merely declared:
+    // a client that trickles holds what it sent.
+    let mut room = app.body_budget.body();
     if streamed {
-        let result = put_streamed(app, req.into_body(), key, extra, limit).await;
+        let result = put_streamed(app, req.into_body(), key, extra, limit, &mut room, held.as_ref()).await;
         drop((room, turn));
         return result.unwrap_or_else(|r| *r);
     }
-    let (body, len) = match read_body(req.into_body(), limit).await {
+    let expected = declared.unwrap_or(limit);
+    let (body, len) = match read_body(app, req.into_body(), limit, expected, &mut room, held.as_ref()).await {
         Ok(b) => {
             let len = b.iter().map(|p| p.len() as u64).sum::<u64>();
-            let used = BodyBudget::charge(len).div_ceil(1024) as usize;
-            if let Some(unused) = room.num_permits().checked_sub(used).and_then(|n| room.split(n)) {
-                drop(unused);
-            }
             (b, len)
         }
         Err(BodyError::TooLarge) => return too_large(limit),
+        Err(BodyError::TooSlow) => return too_slow(),
         Err(BodyError::Broken(e)) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
     };
     app.metrics.bytes_in.fetch_add(len, Ordering::Relaxed);
@@ -449,9 +498,12 @@ async fn put_streamed(
     key: Vec<u8>,
     extra: PutHeaders,
     limit: u64,
+    room: &mut Charge,
+    held: Option<&Held>,
 ) -> Result<Resp, Box<Resp>> {
     // Frames are at most hyper's read buffer (about 400 KiB): with the writer's one pending
     // chunk, an upload holds about two chunks.
+    let chunk = app.store.get().expect("store is ready before writes are routed").config().chunk_size;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Piece>(2);
     // Spawned now, not when awaited: it must take frames while they are sent.
     let app2 = app.clone();
@@ -467,8 +519,13 @@ async fn put_streamed(
         Ok(None) // the upload stopped short: nothing is stored
     });
     let mut received = 0u64;
+    let start = tokio::time::Instant::now();
     let sent: Result<(), Resp> = loop {
-        match body.frame().await {
+        let frame = match next_frame(app, &mut body, start, received).await {
+            Ok(f) => f,
+            Err(_) => break Err(too_slow()),
+        };
+        match frame {
             None => {
                 let _ = tx.send(Piece::End).await;
                 break Ok(());
@@ -480,6 +537,8 @@ async fn put_streamed(
                 if received > limit {
                     break Err(too_large(limit));
                 }
+                // What is on its way to the writer and the chunk it gathers: two chunks at most.
+                charge(room, received.min(2 * chunk), 2 * chunk, held).await;
                 app.metrics.bytes_in.fetch_add(data.len() as u64, Ordering::Relaxed);
                 if tx.send(Piece::Data(data)).await.is_err() {
                     break Ok(()); // the writer failed: its error is the answer

@@ -120,10 +120,15 @@ pub struct ServeArgs {
     /// ones are one record [default: 1MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub chunk_size: Option<u64>,
-    /// Bytes of request bodies held in memory at once, across all connections; past it
-    /// requests wait for room before their bodies are read (backpressure) [default: 512MiB].
+    /// Bytes of client input held in memory at once, across all connections and protocols
+    /// (bodies, data blocks, long command lines), charged as it arrives; past it bodies wait
+    /// for room (backpressure) [default: 512MiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_body_memory: Option<u64>,
+    /// Slowest a request body or memcached data block may arrive, on average, after a 5 s
+    /// grace; a slower client is closed [default: 64KiB, per second].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub min_body_rate: Option<u64>,
     /// When writes become durable: never (the OS decides), always (fdatasync before the 200,
     /// shared by concurrent requests), or a DURATION such as 1s (background fdatasync; bounds
     /// what a power loss can take) [default: 1s].
@@ -259,6 +264,7 @@ struct FileConfig {
     max_value_size: Option<SizeValue>,
     chunk_size: Option<SizeValue>,
     max_body_memory: Option<SizeValue>,
+    min_body_rate: Option<SizeValue>,
     fsync: Option<DurationOrWord>,
     memory_capacity: Option<SizeValue>,
     memory_eviction: Option<String>,
@@ -319,8 +325,10 @@ pub struct Settings {
     pub max_value_size: u64,
     /// Values longer than this are stored in chunks.
     pub chunk_size: u64,
-    /// Bytes of request bodies held in memory at once.
+    /// Bytes of client input held in memory at once.
     pub max_body_memory: u64,
+    /// Slowest average rate of a body or data block, in bytes per second (0: no limit).
+    pub min_body_rate: u64,
     /// Durability policy.
     pub fsync: FsyncPolicy,
     /// The memory tier.
@@ -466,6 +474,7 @@ impl ServeArgs {
             max_value_size: size(self.max_value_size, &file.max_value_size, 1 << 30)?,
             chunk_size: size(self.chunk_size, &file.chunk_size, 1 << 20)?,
             max_body_memory: size(self.max_body_memory, &file.max_body_memory, 512 << 20)?,
+            min_body_rate: size(self.min_body_rate, &file.min_body_rate, 64 << 10)?,
             fsync,
             memory,
             reinsert_min_hits,

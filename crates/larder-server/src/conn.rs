@@ -163,24 +163,25 @@ impl Watchdog {
         shortest.map_or(Duration::from_secs(5), |d| (d / 4).clamp(Duration::from_millis(100), Duration::from_secs(5)))
     }
 
-    /// Whether the connection should be closed now.
-    fn expired(&mut self, a: &Activity) -> bool {
+    /// Whether the connection should be closed now: `Some(true)` for a request head that
+    /// missed its deadline, `Some(false)` for an idle connection.
+    fn expired(&mut self, a: &Activity) -> Option<bool> {
         let now = Instant::now();
         let read = a.read.load(Ordering::Relaxed);
         let moved = read + a.written.load(Ordering::Relaxed);
         if moved != self.moved || a.held.load(Ordering::Relaxed) > 0 {
             (self.moved, self.quiet_since) = (moved, now);
         } else if !self.idle.is_zero() && now.duration_since(self.quiet_since) >= self.idle {
-            return true;
+            return Some(false);
         }
         let answered = a.answered.load(Ordering::Acquire);
         let in_request = a.started.load(Ordering::Relaxed) != answered;
         if in_request || read == a.read_at_answer.load(Ordering::Relaxed) {
             self.head_since = None; // inside a request, or nothing of the next one yet
-            return false;
+            return None;
         }
         let since = *self.head_since.get_or_insert(now);
-        !self.header.is_zero() && now.duration_since(since) >= self.header
+        (!self.header.is_zero() && now.duration_since(since) >= self.header).then_some(true)
     }
 }
 
@@ -296,6 +297,7 @@ async fn serve_connection(
     let mut watchdog = Watchdog::new(s.idle_timeout, s.header_timeout);
     let max_header = (s.max_header_size as usize).max(64);
     let seen = activity.clone();
+    let policy_app = app.clone();
     let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         seen.started.fetch_add(1, Ordering::Relaxed);
         // Only a PUT can be held up by the server (see `Activity::held`); other requests pay
@@ -341,7 +343,10 @@ async fn serve_connection(
                 }
             }
             _ = tick.tick() => {
-                if watchdog.expired(&activity) {
+                if let Some(head) = watchdog.expired(&activity) {
+                    if head {
+                        policy_app.policy.late(crate::guard::Door::Http, crate::guard::Unit::Head);
+                    }
                     return; // dropping the connection closes it
                 }
             }

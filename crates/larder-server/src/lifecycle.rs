@@ -3,7 +3,7 @@
 //! listener closed, connections drained within `--shutdown-timeout`, the store closed).
 
 use crate::admin;
-use crate::app::{App, BodyBudget};
+use crate::app::App;
 use crate::config::Settings;
 use crate::conn;
 use crate::metrics::Metrics;
@@ -63,12 +63,13 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     let app = Arc::new(App {
         store: OnceLock::new(),
         settings: settings.clone(),
+        policy: crate::guard::Policy::new(&settings),
         faults: faults.is_some(),
         metrics: Metrics::install()?,
         progress: RecoveryProgress::default(),
         started: Instant::now(),
         shutting_down: AtomicBool::new(false),
-        body_budget: BodyBudget::new(settings.max_body_memory),
+        body_budget: crate::guard::budget::Budget::new(settings.max_body_memory),
         uploads: tokio::sync::Semaphore::new(crate::app::MAX_STREAMED_UPLOADS),
         memcache: crate::memcache::Counters::default(),
         memcache_items: crate::memcache::Items::default(),

@@ -8,6 +8,7 @@ mod app;
 mod cli;
 mod config;
 mod conn;
+mod guard;
 mod headers;
 mod key;
 mod lifecycle;
@@ -90,6 +91,10 @@ fn serve(args: config::ServeArgs) -> i32 {
             return 2;
         }
     };
+    if let Err(e) = guard::check_flags(&settings) {
+        eprintln!("larder: {e}");
+        return 2;
+    }
     let mut filter = std::env::var("RUST_LOG").unwrap_or_else(|_| settings.log_level.clone());
     if settings.access_log {
         filter.push_str(",larder::access=info");

@@ -155,7 +155,12 @@ fn describe() {
     c!("larder_http_requests_total", "Requests answered, by method and status.");
     c!("larder_http_received_bytes_total", Unit::Bytes, "Bytes of values received in PUT bodies.");
     c!("larder_http_sent_bytes_total", Unit::Bytes, "Bytes of response bodies sent.");
-    c!("larder_memcache_commands_total", "memcached commands by outcome (a get counts once per key).");
+    c!("larder_memcache_commands_total", "memcached commands by outcome (a get counts once per key), both protocols.");
+    c!("larder_refusals_total", "Requests and commands the access policy refused, by door and reason.");
+    c!(
+        "larder_deadline_closes_total",
+        "Clients closed for missing a deadline, by door and unit of input (head, body)."
+    );
     g!("larder_memcache_connections", "Open memcached connections.");
     c!("larder_memcache_received_bytes_total", Unit::Bytes, "Bytes read from memcached clients.");
     c!("larder_memcache_sent_bytes_total", Unit::Bytes, "Bytes written to memcached clients.");

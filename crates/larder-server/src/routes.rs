@@ -1,11 +1,12 @@
-//! Where a request goes: the URI limit, key decoding, the bearer-token check, 405, read-only
-//! mode, 503 while recovering, then the key handlers ([`api`]) or, under the reserved
+//! Where a request goes: the URI limit, key decoding, 405, the request's identity and
+//! permission put to the policy ([`crate::guard`]), 503 while recovering, then the key handlers ([`api`]) or, under the reserved
 //! `/_larder/` prefix, the admin endpoints ([`admin`]). [`handle`] is the entry point, and
 //! times each request for the metrics, the access log and the slow-request warning.
 
 use crate::admin;
 use crate::api;
 use crate::app::{App, Held};
+use crate::guard::{Door, Identity, Permission, Refusal, Session};
 use crate::headers;
 use crate::key::{decode_key, RESERVED_PREFIX};
 use crate::reply::{method_not_allowed, text, Resp};
@@ -59,12 +60,20 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
     // Read-through mode: everything outside larder's admin namespace goes to the proxy.
     if app.proxy.is_some() && !req.uri().path().starts_with("/_larder/") {
         let mut req = req;
-        if app.settings.auth_reads {
-            if let Some(refused) = unauthorized(app, req.headers()) {
-                return refused;
+        // Safe methods read; any other is forwarded, and its success invalidates stored
+        // responses: a write to the cache.
+        let what = match *req.method() {
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE => Permission::Read,
+            _ => Permission::Forward,
+        };
+        match admit(app, Door::Proxy, req.headers(), what) {
+            Err(r) => return refused(r),
+            // larder's own token is not the origin's business (nor a reason not to store);
+            // any other credential is the origin's.
+            Ok(Identity::Token) if app.policy.needs_credentials() => {
+                req.headers_mut().remove(AUTHORIZATION);
             }
-            // larder's own token is not the origin's business (nor a reason not to store).
-            req.headers_mut().remove(AUTHORIZATION);
+            Ok(_) => {}
         }
         return Box::pin(crate::proxy::handle(app, req)).await;
     }
@@ -75,10 +84,13 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
     if key.starts_with(RESERVED_PREFIX) {
         let what = &key[RESERVED_PREFIX.len()..];
         // Health stays open so that load balancers need no secret.
-        if what != b"health" {
-            if let Some(refused) = unauthorized(app, req.headers()) {
-                return refused;
-            }
+        let permission = match what {
+            b"health" => Permission::Health,
+            b"purge" => Permission::Purge,
+            _ => Permission::Admin,
+        };
+        if let Err(r) = admit(app, Door::Admin, req.headers(), permission) {
+            return refused(r);
         }
         if what == b"purge" {
             if !matches!(*req.method(), Method::POST | Method::DELETE) {
@@ -91,18 +103,14 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
         }
         return Box::pin(admin::endpoint(app, req.method(), what)).await;
     }
-    let write = match *req.method() {
-        Method::GET | Method::HEAD => false,
-        Method::PUT | Method::DELETE => true,
+    let what = match *req.method() {
+        Method::GET | Method::HEAD => Permission::Read,
+        Method::PUT => Permission::Write,
+        Method::DELETE => Permission::Delete,
         _ => return method_not_allowed(ALLOWED),
     };
-    if write || app.settings.auth_reads {
-        if let Some(refused) = unauthorized(app, req.headers()) {
-            return refused;
-        }
-    }
-    if write && app.settings.read_only {
-        return text(StatusCode::FORBIDDEN, "this server is read-only\n");
+    if let Err(r) = admit(app, Door::Http, req.headers(), what) {
+        return refused(r);
     }
     let Some(store) = app.store.get() else {
         return text(StatusCode::SERVICE_UNAVAILABLE, "recovering; try again shortly\n");
@@ -125,24 +133,30 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
     }
 }
 
-/// `None` if the request may go on: no token is configured, or it carries
-/// `Authorization: Bearer <token>` with the right token (compared in constant time).
-fn unauthorized(app: &App, headers: &HeaderMap) -> Option<Resp> {
-    use subtle::ConstantTimeEq;
-    let token = app.settings.auth_token.as_ref()?;
+/// HTTP's credential (`Authorization: Bearer <token>`) mapped onto an identity, and the
+/// policy asked.
+fn admit(app: &App, door: Door, headers: &HeaderMap, what: Permission) -> Result<Identity, Refusal> {
     let given = headers.get(AUTHORIZATION).map(|v| v.as_bytes());
-    let bearer = given.and_then(|v| {
-        let (scheme, rest) = v.split_at(v.iter().position(|&b| b == b' ')?);
-        scheme.eq_ignore_ascii_case(b"bearer").then(|| rest.trim_ascii())
+    let bearer = given.map(|v| {
+        let bearer = v.iter().position(|&b| b == b' ').and_then(|at| {
+            let (scheme, rest) = v.split_at(at);
+            scheme.eq_ignore_ascii_case(b"bearer").then(|| rest.trim_ascii())
+        });
+        // A credential in another scheme, or none in this one, is a wrong credential.
+        bearer.unwrap_or(b"\0")
     });
-    if bearer.is_some_and(|b| bool::from(b.ct_eq(&token.0))) {
-        return None;
-    }
-    let (msg, challenge) = match given {
-        None => ("this request needs Authorization: Bearer <token>\n", r#"Bearer realm="larder""#),
-        Some(_) => ("wrong bearer token\n", r#"Bearer realm="larder", error="invalid_token""#),
+    let who = app.policy.identify(bearer);
+    app.policy.admit(door, Session::PerRequest, who, what).map(|()| who)
+}
+
+/// A refusal in HTTP: 401 with a challenge, or 403 for read-only.
+fn refused(refusal: Refusal) -> Resp {
+    let (msg, challenge) = match refusal {
+        Refusal::ReadOnly => return text(StatusCode::FORBIDDEN, "this server is read-only\n"),
+        Refusal::Unauthenticated => ("this request needs Authorization: Bearer <token>\n", r#"Bearer realm="larder""#),
+        Refusal::BadCredential => ("wrong bearer token\n", r#"Bearer realm="larder", error="invalid_token""#),
     };
     let mut r = text(StatusCode::UNAUTHORIZED, msg);
     r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
-    Some(r)
+    r
 }

@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::mc::Mc;
 use common::{bytes, Server};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -14,54 +15,6 @@ fn server(extra: &[&str]) -> Server {
     let mut args = vec!["--memcache-listen", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     Server::start(&args)
-}
-
-/// A plain text-protocol connection.
-struct Mc(TcpStream);
-
-impl Mc {
-    fn connect(s: &Server) -> Mc {
-        let t = TcpStream::connect(s.memcache.expect("memcached address")).unwrap();
-        t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        Mc(t)
-    }
-
-    /// Sends `bytes` and reads until the answers end with `end`.
-    fn ask(&mut self, bytes: &[u8], end: &str) -> String {
-        String::from_utf8(self.ask_bytes(bytes, end)).expect("text answers")
-    }
-
-    fn ask_bytes(&mut self, bytes: &[u8], end: &str) -> Vec<u8> {
-        self.0.write_all(bytes).unwrap();
-        self.read_bytes_until(end)
-    }
-
-    fn read_until(&mut self, end: &str) -> String {
-        String::from_utf8(self.read_bytes_until(end)).expect("text answers")
-    }
-
-    fn read_bytes_until(&mut self, end: &str) -> Vec<u8> {
-        let mut got = Vec::new();
-        let mut buf = [0u8; 65536];
-        while !got.ends_with(end.as_bytes()) {
-            let n = self.0.read(&mut buf).unwrap_or_else(|e| panic!("{e}; so far {:?}", String::from_utf8_lossy(&got)));
-            assert!(n > 0, "closed; so far {:?}", String::from_utf8_lossy(&got));
-            got.extend_from_slice(&buf[..n]);
-        }
-        got
-    }
-
-    fn closed(&mut self) -> bool {
-        let mut buf = [0u8; 256];
-        loop {
-            match self.0.read(&mut buf) {
-                Ok(0) => return true,
-                Ok(_) => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-                Err(_) => return false,
-            }
-        }
-    }
 }
 
 #[test]

@@ -8,11 +8,13 @@
 //! answer echoes the opcode and opaque. Quiet variants answer only failures (and a quiet get
 //! not even a miss); `noop` flushes the answers of a batch of them.
 
-use super::exec::{contended, expiry, keep, server_error, stream_value, swallow, ROUNDS};
+use super::exec::Outcome;
+use super::exec::{contended, expiry, keep, read_block, server_error, stream_value, swallow, ROUNDS};
 use super::text::KEY_MAX;
-use super::{Conn, End};
+use super::{access, Conn, End};
 use crate::api::{blocking, read_body_of, Read};
-use bytes::{Buf, BufMut, BytesMut};
+use crate::guard::Refusal;
+use bytes::{Buf, BufMut};
 use larder_engine::{DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store};
 use std::time::Duration;
 
@@ -28,6 +30,7 @@ const TOO_LARGE: u16 = 0x03;
 const INVALID: u16 = 0x04;
 const NOT_STORED: u16 = 0x05;
 const NON_NUMERIC: u16 = 0x06;
+const AUTH_ERROR: u16 = 0x20;
 const UNKNOWN: u16 = 0x81;
 const SERVER: u16 = 0x84;
 
@@ -55,15 +58,17 @@ struct Header {
 }
 
 /// Appends an answer: header, extras, key, value.
-fn answer(out: &mut BytesMut, h: &Header, status: u16, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
-    answer_head(out, h, status, cas, extras.len(), key.len(), value.len());
-    out.extend_from_slice(extras);
-    out.extend_from_slice(key);
-    out.extend_from_slice(value);
+fn answer(c: &mut Conn, h: &Header, status: u16, cas: u64, extras: &[u8], key: &[u8], value: &[u8]) {
+    answer_head(c, h, status, cas, extras.len(), key.len(), value.len());
+    c.out.extend_from_slice(extras);
+    c.out.extend_from_slice(key);
+    c.out.extend_from_slice(value);
 }
 
 #[allow(clippy::too_many_arguments)]
-fn answer_head(out: &mut BytesMut, h: &Header, status: u16, cas: u64, extras: usize, key: usize, value: usize) {
+fn answer_head(c: &mut Conn, h: &Header, status: u16, cas: u64, extras: usize, key: usize, value: usize) {
+    c.status = status;
+    let out = &mut c.out;
     out.put_u8(RESPONSE);
     out.put_u8(h.opcode);
     out.put_u16(key as u16);
@@ -75,8 +80,60 @@ fn answer_head(out: &mut BytesMut, h: &Header, status: u16, cas: u64, extras: us
     out.put_u64(cas);
 }
 
-fn error(out: &mut BytesMut, h: &Header, status: u16) {
-    answer(out, h, status, 0, &[], &[], status_text(status));
+fn error(c: &mut Conn, h: &Header, status: u16) {
+    answer(c, h, status, 0, &[], &[], status_text(status));
+}
+
+/// A refusal of the policy: memcached's authentication error, or a server error that says
+/// the server is read-only.
+fn refuse(c: &mut Conn, h: &Header, r: Refusal) {
+    match r {
+        Refusal::Unauthenticated | Refusal::BadCredential => answer(c, h, AUTH_ERROR, 0, &[], &[], b"Auth failure."),
+        Refusal::ReadOnly => answer(c, h, SERVER, 0, &[], &[], b"this server is read-only"),
+    }
+}
+
+/// The text command a binary opcode is counted as, so both protocols reach the same counters.
+fn command_of(opcode: u8) -> usize {
+    let name: &[u8] = match opcode {
+        0x00 | 0x09 | 0x0c | 0x0d => b"get",
+        0x1d | 0x1e | 0x23 | 0x24 => b"gat",
+        0x01 | 0x11 => b"set",
+        0x02 | 0x12 => b"add",
+        0x03 | 0x13 => b"replace",
+        0x04 | 0x14 => b"delete",
+        0x05 | 0x15 => b"incr",
+        0x06 | 0x16 => b"decr",
+        0x07 | 0x17 => b"quit",
+        0x08 | 0x18 => b"flush_all",
+        0x0a => b"noop",
+        0x0b => b"version",
+        0x0e | 0x19 => b"append",
+        0x0f | 0x1a => b"prepend",
+        0x10 => b"stats",
+        0x1c => b"touch",
+        0x20..=0x22 => b"auth",
+        _ => b"other",
+    };
+    super::exec::command_index(name)
+}
+
+/// How a binary answer counts: its status read as the text protocol's outcome of the command.
+fn outcome(opcode: u8, status: u16) -> Outcome {
+    let name = super::exec::COMMANDS[command_of(opcode)];
+    match (status, name) {
+        (OK, "get" | "gat" | "incr" | "decr") => Outcome::Hit,
+        (NOT_FOUND, "get" | "gat" | "incr" | "decr") => Outcome::Miss,
+        (OK, "delete") => Outcome::Deleted,
+        (OK, "touch") => Outcome::Touched,
+        (OK, "set" | "add" | "replace" | "append" | "prepend") => Outcome::Stored,
+        (OK, _) => Outcome::Ok,
+        (NOT_FOUND, _) => Outcome::NotFound,
+        (EXISTS, _) => Outcome::Exists,
+        (NOT_STORED, _) => Outcome::NotStored,
+        (TOO_LARGE | SERVER, _) => Outcome::ServerError,
+        _ => Outcome::ClientError,
+    }
 }
 
 /// memcached's binary expiration: unsigned, else read as the text protocol reads one
@@ -88,12 +145,13 @@ fn exptime(e: u32) -> Expiry {
 /// A request whose parts do not fit its command: memcached answers "Invalid arguments" and
 /// closes the connection.
 fn invalid(c: &mut Conn, h: &Header) -> Result<bool, End> {
-    error(&mut c.out, h, INVALID);
+    error(c, h, INVALID);
     Ok(true)
 }
 
 /// Reads and answers binary requests until the connection ends.
 pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
+    c.binary = true;
     loop {
         while c.input.len() >= HEADER {
             let mut b = &c.input[..HEADER];
@@ -110,31 +168,43 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
             let cas = b.get_u64();
             let h = Header { opcode, key_len, extras_len, opaque, cas };
             let app = c.app.clone();
-            let Some(store) = app.store.get() else {
+            // The policy first, before a byte of the body is held.
+            if let Err(refusal) = access::admit_binary(c, opcode) {
+                c.app.memcache.count(command_of(opcode), Outcome::ClientError);
                 swallow(c, (HEADER + body_len) as u64).await?;
-                error(&mut c.out, &h, SERVER);
-                continue;
-            };
-            // Larger than a chunk is for HTTP and the text protocol, which stream. Checked
-            // before a byte of the body is held.
-            let most = store.config().chunk_size.min(store.config().max_value_size) as usize;
-            if key_len + extras_len > body_len || body_len > most + KEY_MAX + 64 {
-                swallow(c, (HEADER + body_len) as u64).await?;
-                error(&mut c.out, &h, if key_len + extras_len > body_len { INVALID } else { TOO_LARGE });
+                refuse(c, &h, refusal);
                 continue;
             }
-            let room = app.body_budget.reserve(body_len as u64).await;
-            c.want(HEADER + body_len).await?;
+            let Some(store) = app.store.get() else {
+                swallow(c, (HEADER + body_len) as u64).await?;
+                error(c, &h, SERVER);
+                continue;
+            };
+            // Larger than a chunk is for HTTP and the text protocol, which stream (as
+            // docs/MEMCACHED.md says). Checked before a byte of the body is held.
+            let most = store.config().chunk_size.min(store.config().max_value_size) as usize;
+            let value_len = body_len.checked_sub(key_len + extras_len);
+            if value_len.is_none_or(|v| v > most) || key_len > KEY_MAX {
+                c.app.memcache.count(command_of(opcode), Outcome::ClientError);
+                error(c, &h, if value_len.is_none() || key_len > KEY_MAX { INVALID } else { TOO_LARGE });
+                // Answered at once; the body is read past so the stream stays in step.
+                c.flush().await?;
+                swallow(c, (HEADER + body_len) as u64).await?;
+                continue;
+            }
+            read_block(c, HEADER + body_len).await?;
             let packet = c.input.split_to(HEADER + body_len).freeze();
-            // The body's room goes back before it runs: a get that streams a large value waits
-            // for room of its own, and must not wait behind this.
-            drop(room);
             let body = packet.slice(HEADER..);
+            c.status = OK; // quiet answers write nothing when they succeed
             let quit = run(c, store, &h, &body).await?;
+            c.app.memcache.count(command_of(opcode), outcome(opcode, c.status));
             if quit {
                 return Err(End::Closed);
             }
             c.maybe_flush().await?;
+        }
+        if !c.input.is_empty() {
+            c.line_pending(); // a header begun
         }
         c.next_command().await?;
     }
@@ -148,7 +218,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
     let quiet = matches!(h.opcode, 0x09 | 0x0d | 0x11..=0x1a | 0x1e | 0x24);
     let app = c.app.clone();
     if key.len() > KEY_MAX {
-        error(&mut c.out, h, INVALID);
+        error(c, h, INVALID);
         return Ok(false);
     }
     match h.opcode {
@@ -163,7 +233,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                 Ok(f) => f,
                 Err(e) => {
                     tracing::warn!(error = %server_error(&e).trim_end(), "binary get failed");
-                    error(&mut c.out, h, SERVER);
+                    error(c, h, SERVER);
                     return Ok(false);
                 }
             };
@@ -181,15 +251,15 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                 // A miss names its key instead of saying "Not found" when the key was asked for.
                 match (quiet, with_key) {
                     (true, _) => {}
-                    (false, true) => answer(&mut c.out, h, NOT_FOUND, 0, &[], key, &[]),
-                    (false, false) => error(&mut c.out, h, NOT_FOUND),
+                    (false, true) => answer(c, h, NOT_FOUND, 0, &[], key, &[]),
+                    (false, false) => error(c, h, NOT_FOUND),
                 }
                 return Ok(false);
             };
             let v = found.value().clone();
             app.memcache_items.fetched(key, v.stored_ms);
             let k: &[u8] = if with_key { key } else { &[] };
-            answer_head(&mut c.out, h, OK, v.stored_ms, 4, k.len(), v.len as usize);
+            answer_head(c, h, OK, v.stored_ms, 4, k.len(), v.len as usize);
             c.out.put_u32(v.flags);
             c.out.extend_from_slice(k);
             match found {
@@ -220,7 +290,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             })
             .await;
             match r {
-                Ok(stored) if !quiet => answer(&mut c.out, h, OK, stored.version.stored_ms, &[], &[], &[]),
+                Ok(stored) if !quiet => answer(c, h, OK, stored.version.stored_ms, &[], &[], &[]),
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::PreconditionFailed => {
                     let present = read_body_of(&app, store, key, Part::Nothing).await.ok().flatten().is_some();
@@ -229,10 +299,10 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                         (_, false) => NOT_FOUND,
                         _ => EXISTS,
                     };
-                    error(&mut c.out, h, status);
+                    error(c, h, status);
                 }
-                Err(e) if e.kind() == ErrorKind::TooLarge => error(&mut c.out, h, TOO_LARGE),
-                Err(_) => error(&mut c.out, h, SERVER),
+                Err(e) if e.kind() == ErrorKind::TooLarge => error(c, h, TOO_LARGE),
+                Err(_) => error(c, h, SERVER),
             }
         }
         // delete, deleteq
@@ -254,9 +324,9 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             .await;
             match r {
                 Ok(OK) if quiet => {}
-                Ok(OK) => answer(&mut c.out, h, OK, 0, &[], &[], &[]),
-                Ok(status) => error(&mut c.out, h, status),
-                Err(_) => error(&mut c.out, h, SERVER),
+                Ok(OK) => answer(c, h, OK, 0, &[], &[], &[]),
+                Ok(status) => error(c, h, status),
+                Err(_) => error(c, h, SERVER),
             }
         }
         // increment, decrement and their quiet forms
@@ -308,15 +378,15 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             .await;
             match r {
                 Ok(Ok(_)) if quiet => {}
-                Ok(Ok((n, cas))) => answer(&mut c.out, h, OK, cas, &[], &[], &n.to_be_bytes()),
-                Ok(Err(status)) => error(&mut c.out, h, status),
-                Err(_) => error(&mut c.out, h, SERVER),
+                Ok(Ok((n, cas))) => answer(c, h, OK, cas, &[], &[], &n.to_be_bytes()),
+                Ok(Err(status)) => error(c, h, status),
+                Err(_) => error(c, h, SERVER),
             }
         }
         // quit, quitq
         0x07 | 0x17 => {
             if h.opcode == 0x07 {
-                answer(&mut c.out, h, OK, 0, &[], &[], &[]);
+                answer(c, h, OK, 0, &[], &[], &[]);
             }
             return Ok(true);
         }
@@ -332,12 +402,17 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             };
             match blocking(&app, move |s| s.flush_all(Duration::from_secs(delay))).await {
                 Ok(()) if quiet => {}
-                Ok(()) => answer(&mut c.out, h, OK, 0, &[], &[], &[]),
-                Err(_) => error(&mut c.out, h, SERVER),
+                Ok(()) => answer(c, h, OK, 0, &[], &[], &[]),
+                Err(_) => error(c, h, SERVER),
             }
         }
-        0x0a => answer(&mut c.out, h, OK, 0, &[], &[], &[]),
-        0x0b => answer(&mut c.out, h, OK, 0, &[], &[], format!("larder-{}", env!("CARGO_PKG_VERSION")).as_bytes()),
+        // SASL: the mechanisms, and PLAIN's one step (access.rs)
+        0x20..=0x22 => match access::sasl(c, h.opcode, key, &value) {
+            Ok(said) => answer(c, h, OK, 0, &[], &[], said),
+            Err(()) => answer(c, h, AUTH_ERROR, 0, &[], &[], b"Auth failure."),
+        },
+        0x0a => answer(c, h, OK, 0, &[], &[], &[]),
+        0x0b => answer(c, h, OK, 0, &[], &[], format!("larder-{}", env!("CARGO_PKG_VERSION")).as_bytes()),
         // append, prepend and their quiet forms
         0x0e | 0x0f | 0x19 | 0x1a => {
             if !extras.is_empty() || key.is_empty() {
@@ -366,10 +441,10 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             .await;
             match r {
                 Ok(Ok(_)) if quiet => {}
-                Ok(Ok(cas)) => answer(&mut c.out, h, OK, cas, &[], &[], &[]),
-                Ok(Err(status)) => error(&mut c.out, h, status),
-                Err(e) if e.kind() == ErrorKind::TooLarge => error(&mut c.out, h, TOO_LARGE),
-                Err(_) => error(&mut c.out, h, SERVER),
+                Ok(Ok(cas)) => answer(c, h, OK, cas, &[], &[], &[]),
+                Ok(Err(status)) => error(c, h, status),
+                Err(e) if e.kind() == ErrorKind::TooLarge => error(c, h, TOO_LARGE),
+                Err(_) => error(c, h, SERVER),
             }
         }
         // stat: one packet per statistic, then an empty one
@@ -379,9 +454,9 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             for line in text.split("\r\n") {
                 let Some(rest) = line.strip_prefix("STAT ") else { continue };
                 let (name, val) = rest.split_once(' ').unwrap_or((rest, ""));
-                answer(&mut c.out, h, OK, 0, &[], name.as_bytes(), val.as_bytes());
+                answer(c, h, OK, 0, &[], name.as_bytes(), val.as_bytes());
             }
-            answer(&mut c.out, h, OK, 0, &[], &[], &[]);
+            answer(c, h, OK, 0, &[], &[], &[]);
         }
         // touch
         0x1c => {
@@ -394,13 +469,13 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                 Ok(Some(v)) => {
                     let flags = read_body_of(&app, store, key, Part::Nothing).await.ok().flatten();
                     let flags = flags.map_or(0, |r| r.value().flags);
-                    answer(&mut c.out, h, OK, v.stored_ms, &flags.to_be_bytes(), &[], &[])
+                    answer(c, h, OK, v.stored_ms, &flags.to_be_bytes(), &[], &[])
                 }
-                Ok(None) => error(&mut c.out, h, NOT_FOUND),
-                Err(_) => error(&mut c.out, h, SERVER),
+                Ok(None) => error(c, h, NOT_FOUND),
+                Err(_) => error(c, h, SERVER),
             }
         }
-        _ => error(&mut c.out, h, UNKNOWN),
+        _ => error(c, h, UNKNOWN),
     }
     Ok(false)
 }

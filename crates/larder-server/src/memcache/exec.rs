@@ -8,8 +8,9 @@
 //! again if not); `flush_all` is the engine's flush, saved before it is answered.
 
 use super::text::{self, Command, Parsed, StoreOp, LINE_MAX, REALTIME_MAXDELTA};
-use super::{Conn, End};
+use super::{access, Conn, End};
 use crate::api::{blocking, read_body_of, Read};
+use crate::guard::Refusal;
 use bytes::Bytes;
 use larder_engine::{
     now_ms, DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store, Value,
@@ -18,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The commands counted apart.
-pub const COMMANDS: [&str; 21] = [
+pub const COMMANDS: [&str; 28] = [
     "get",
     "gets",
     "gat",
@@ -39,6 +40,13 @@ pub const COMMANDS: [&str; 21] = [
     "verbosity",
     "quit",
     "mn",
+    "mg",
+    "ms",
+    "md",
+    "ma",
+    "me",
+    "noop",
+    "auth",
     "other",
 ];
 /// The outcomes counted apart.
@@ -57,7 +65,7 @@ pub const OUTCOMES: [&str; 11] = [
 ];
 
 #[derive(Clone, Copy)]
-enum Outcome {
+pub(super) enum Outcome {
     Hit,
     Miss,
     Stored,
@@ -71,7 +79,7 @@ enum Outcome {
     ServerError,
 }
 
-fn command_index(name: &[u8]) -> usize {
+pub(super) fn command_index(name: &[u8]) -> usize {
     COMMANDS.iter().position(|c| c.as_bytes() == name).unwrap_or(COMMANDS.len() - 1)
 }
 
@@ -100,7 +108,7 @@ impl Default for Counters {
 }
 
 impl Counters {
-    fn count(&self, command: usize, outcome: Outcome) {
+    pub(super) fn count(&self, command: usize, outcome: Outcome) {
         self.commands[command][outcome as usize].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -195,9 +203,13 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
                     return Err(End::Closed); // memcached closes a connection for a line this long
                 }
                 scanned = c.input.len();
+                if !c.input.is_empty() {
+                    c.line_pending();
+                }
                 break;
             };
             scanned = 0;
+            c.unit_done();
             let line = c.input.split_to(nl + 1).freeze();
             let text = line[..nl].strip_suffix(b"\r").unwrap_or(&line[..nl]);
             match text::parse(text) {
@@ -223,15 +235,25 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
 async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
     let app = c.app.clone();
     let m = &app.memcache;
+    if let Err(refusal) = access::admit_text(c, &cmd) {
+        if access::is_login(c, &cmd, refusal) {
+            let Command::Store { len, .. } = cmd else { unreachable!("a login is a set") };
+            return access::login(c, len).await;
+        }
+        let name = cmd.name();
+        let outcome = if refusal == Refusal::ReadOnly { Outcome::ServerError } else { Outcome::ClientError };
+        m.count(command_index(name), outcome);
+        let line = access::refusal_line(refusal);
+        match data_block(&cmd) {
+            Some(len) => answer_then_swallow(c, line, len + 2).await?,
+            None => c.out.extend_from_slice(line.as_bytes()),
+        }
+        return Ok(());
+    }
     let Some(store) = app.store.get() else {
         // Still recovering: a data block is read past, then the answer is an error.
-        let block = match &cmd {
-            Command::Store { len, .. } => Some(*len),
-            Command::Meta { cmd: b's', words } => words.get(2).and_then(|w| super::text::safe_strtol(w)),
-            _ => None,
-        };
-        if let Some(len) = block.filter(|&l| l >= 0) {
-            swallow(c, len as u64 + 2).await?;
+        if let Some(len) = data_block(&cmd) {
+            swallow(c, len + 2).await?;
         }
         c.out.extend_from_slice(b"SERVER_ERROR recovering the store; try again shortly\r\n");
         return Ok(());
@@ -323,6 +345,16 @@ async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
     }
 }
 
+/// The length of the data block that follows a command's line, if one does.
+fn data_block(cmd: &Command<'_>) -> Option<u64> {
+    let len = match cmd {
+        Command::Store { len, .. } => Some(*len),
+        Command::Meta { cmd: b's', words } => words.get(2).and_then(|w| super::text::safe_strtol(w)),
+        _ => None,
+    };
+    len.filter(|&l| l >= 0).map(|l| l as u64)
+}
+
 /// The version larder answers `version` and `stats` with.
 fn version() -> String {
     format!("larder-{}", env!("CARGO_PKG_VERSION"))
@@ -332,12 +364,15 @@ fn version() -> String {
 enum Answer {
     Line(Outcome, &'static str),
     Owned(Outcome, String),
+    /// Already sent (a refusal answered before its data block was read past).
+    Sent(Outcome),
 }
 
 fn reply(c: &mut Conn, command: usize, a: Answer, noreply: bool) {
     let (outcome, line) = match &a {
         Answer::Line(o, l) => (*o, l.as_bytes()),
         Answer::Owned(o, l) => (*o, l.as_bytes()),
+        Answer::Sent(o) => (*o, &b""[..]),
     };
     c.app.memcache.count(command, outcome);
     if !noreply {
@@ -345,17 +380,36 @@ fn reply(c: &mut Conn, command: usize, a: Answer, noreply: bool) {
     }
 }
 
-/// Reads past `n` bytes of a data block that will not be stored.
+/// Sends a refusal at once, then reads past the `n` bytes of its data block: the client
+/// learns at once (memcached answers only once it has read them), and the stream stays in
+/// step. The error goes out whatever `noreply` says, as memcached's errors do.
+pub(super) async fn answer_then_swallow(c: &mut Conn, line: &str, n: u64) -> Result<(), End> {
+    c.out.extend_from_slice(line.as_bytes());
+    c.flush().await?;
+    swallow(c, n).await
+}
+
+/// Reads past `n` bytes of a data block that will not be stored (at the minimum rate too).
 pub(super) async fn swallow(c: &mut Conn, mut n: u64) -> Result<(), End> {
+    c.block_begins(0);
     loop {
         let take = (c.input.len() as u64).min(n) as usize;
         let _ = c.input.split_to(take);
         n -= take as u64;
         if n == 0 {
+            c.unit_done();
             return Ok(());
         }
         c.fill().await?;
     }
+}
+
+/// Reads a data block of `n` bytes into the input buffer, at the minimum rate.
+pub(super) async fn read_block(c: &mut Conn, n: usize) -> Result<(), End> {
+    c.block_begins(n as u64);
+    c.want(n).await?;
+    c.unit_done();
+    Ok(())
 }
 
 /// `get`, `gets`, `gat`, `gats`: a `VALUE` line and the data of each key found, then `END`.
@@ -473,8 +527,8 @@ async fn store_cmd(
     // Larger than the store takes; and appending or prepending more than a chunk, which
     // larder does not (memcached's own items stop at 1 MiB by default).
     if len > cfg.max_value_size || (streamed && matches!(op, StoreOp::Append | StoreOp::Prepend)) {
-        swallow(c, len + 2).await?;
-        return Ok(Answer::Line(Outcome::ServerError, "SERVER_ERROR object too large for cache\r\n"));
+        answer_then_swallow(c, "SERVER_ERROR object too large for cache\r\n", len + 2).await?;
+        return Ok(Answer::Sent(Outcome::ServerError));
     }
     let preconditions = match op {
         StoreOp::Add => vec![Precondition::Absent],
@@ -489,8 +543,7 @@ async fn store_cmd(
             None => return Ok(Answer::Line(Outcome::ClientError, "CLIENT_ERROR bad data chunk\r\n")),
         }
     } else {
-        let room = c.app.body_budget.reserve(len + 2).await;
-        c.want(len as usize + 2).await?;
+        read_block(c, len as usize + 2).await?;
         let block = c.input.split_to(len as usize + 2).freeze();
         if &block[len as usize..] != b"\r\n" {
             return Ok(Answer::Line(Outcome::ClientError, "CLIENT_ERROR bad data chunk\r\n"));
@@ -500,7 +553,6 @@ async fn store_cmd(
             StoreOp::Append | StoreOp::Prepend => concat(c, put, data, op == StoreOp::Append).await,
             _ => put_value(c, put, data).await,
         };
-        drop(room);
         r
     };
     Ok(match stored {
@@ -567,7 +619,10 @@ pub(super) async fn put_streamed(
     let app = c.app.clone();
     let chunk = app.store.get().expect("ready").config().chunk_size;
     let _turn = app.uploads.acquire().await.expect("the uploads' semaphore is never closed");
-    let _room = app.body_budget.reserve(2 * chunk).await;
+    // The pieces on their way to the writer and the chunk it gathers, charged as they arrive
+    // (the input buffer they pass through is charged by the connection).
+    let mut room = app.body_budget.body();
+    c.block_begins(0);
     // An empty piece ends the value: it may be stored.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(2);
     let app2 = app.clone();
@@ -595,12 +650,16 @@ pub(super) async fn put_streamed(
         let take = (c.input.len() as u64).min(left) as usize;
         let piece = c.input.split_to(take).freeze();
         left -= take as u64;
+        let have = (len - left).min(2 * chunk);
+        if !room.try_arrived(have, have) {
+            room.grow_to(len.min(2 * chunk)).await;
+        }
         // A writer that failed reads no more: the rest of the block is read past.
         if !writer_gone && tx.send(piece).await.is_err() {
             writer_gone = true;
         }
     }
-    let ended = match c.want(2).await {
+    let ended = match c.want(2).await.inspect(|_| c.unit_done()) {
         Ok(()) => &c.input.split_to(2)[..] == b"\r\n",
         Err(end) => {
             drop(tx);

@@ -8,7 +8,10 @@
 //! new value starts afresh, and bounded: an item it forgot reads as never fetched, last
 //! accessed when stored, no token out. The stale mark (`I`) is part of the stored value.
 
-use super::exec::{contended, expiry, keep, put_streamed, server_error, stream_value, swallow, Put, ROUNDS};
+use super::exec::{
+    answer_then_swallow, contended, expiry, keep, put_streamed, read_block, server_error, stream_value, swallow, Put,
+    ROUNDS,
+};
 use super::text::{safe_strtol, safe_strtoul, safe_strtoull, KEY_MAX};
 use super::{Conn, End};
 use crate::api::{blocking, read_body_of, Read};
@@ -374,7 +377,8 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
         return Ok(());
     }
     let len = match safe_strtol(words[2]) {
-        Some(l) if l >= 0 => l as u64,
+        // As memcached bounds it (see text.rs `parse_store`).
+        Some(l) if (0..=i32::MAX as i64 - 3).contains(&l) => l as u64,
         _ => {
             error_line(c, "CLIENT_ERROR bad command line format");
             return Ok(());
@@ -407,9 +411,7 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     let cfg = store.config();
     let append = matches!(f.mode, Some(b'A' | b'P'));
     if len > cfg.max_value_size || (len > cfg.chunk_size && append) {
-        swallow(c, len + 2).await?;
-        error_line(c, "SERVER_ERROR object too large for cache");
-        return Ok(());
+        return answer_then_swallow(c, "SERVER_ERROR object too large for cache\r\n", len + 2).await;
     }
     let app = c.app.clone();
     let exp = f.ttl.map_or(Expiry::Never, expiry);
@@ -432,8 +434,7 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
             }
         }
     } else {
-        let room = app.body_budget.reserve(len + 2).await;
-        c.want(len as usize + 2).await?;
+        read_block(c, len as usize + 2).await?;
         let block = c.input.split_to(len as usize + 2).freeze();
         if &block[len as usize..] != b"\r\n" {
             error_line(c, "CLIENT_ERROR bad data chunk");
@@ -450,7 +451,6 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
             }
             r => r.map(|(new, _)| new),
         };
-        drop(room);
         r
     };
     let code: &[u8] = match &result {

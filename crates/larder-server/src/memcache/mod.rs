@@ -6,12 +6,15 @@
 //! - this file: the listener, each connection's loop (pipelined commands answered in one
 //!   write, data blocks read or streamed, idle timeout, the stop) and the connection limit.
 
+mod access;
 mod binary;
 mod exec;
 mod meta;
 pub mod text;
 
 use crate::app::App;
+use crate::guard::budget::{Charge, FREE_INPUT};
+use crate::guard::{Door, Unit};
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -217,6 +220,30 @@ pub(crate) struct Conn {
     listener: Arc<Listener>,
     /// Fires when the connection is asked to close between commands; `None` once it has.
     close: Option<oneshot::Receiver<()>>,
+    /// Who the connection authenticated as (see `access.rs`).
+    pub who: crate::guard::Identity,
+    /// The status of the binary protocol's last answer, for counting.
+    pub status: u16,
+    /// Whether the connection speaks the binary protocol (for counting by door).
+    pub binary: bool,
+    /// The unit of input being read, and so when it must be in.
+    reading: Reading,
+    /// The input buffer's room in the budget beyond [`FREE_INPUT`]: in the heads' pool for
+    /// command lines, in the bodies' pool for data blocks.
+    head_room: Charge,
+    body_room: Charge,
+}
+
+/// What a connection is reading, for its deadline.
+#[derive(Clone, Copy)]
+enum Reading {
+    /// Between commands: only the idle timeout applies.
+    Between,
+    /// A command line (or binary header): in by `until`, however it trickles.
+    Line { until: Instant },
+    /// A data block: at the minimum rate since `start` (see `Policy::body_deadline`); room
+    /// for `whole` bytes of it once it has proven itself (`budget::PROVEN`).
+    Block { start: Instant, received: u64, whole: u64 },
 }
 
 impl Conn {
@@ -233,9 +260,14 @@ impl Conn {
         if between {
             self.entry.busy.store(false, Ordering::Release);
         }
-        // A buffer grown for a large data block is not kept by an idle connection.
-        if between && self.input.capacity() > 256 << 10 {
-            self.input = BytesMut::with_capacity(16 << 10);
+        // A buffer grown for a large data block or a long line is not kept by an idle
+        // connection, nor its room in the budget.
+        if between {
+            if self.input.capacity() as u64 > FREE_INPUT {
+                self.input = BytesMut::with_capacity(16 << 10);
+            }
+            self.head_room.shrink_to(0);
+            self.body_room.shrink_to(0);
         }
         let r = self.read(between).await;
         self.entry.busy.store(true, Ordering::Relaxed);
@@ -256,6 +288,35 @@ impl Conn {
             return Err(End::Closed);
         }
         self.input.reserve(16 << 10);
+        let deadline = self.deadline();
+        // The buffer's growth is charged before it is filled: a line's without waiting (past
+        // the heads' pool the client is refused, as memcached refuses one it cannot hold), a
+        // data block's waiting for room, within the block's deadline.
+        let over = (self.input.capacity() as u64).saturating_sub(FREE_INPUT);
+        match self.reading {
+            _ if over == 0 => {}
+            Reading::Block { received, whole, .. } => {
+                let waits = !self.body_room.try_arrived(received, over);
+                let grow = self.body_room.grow_to(if waits { over.max(whole) } else { over });
+                let in_time = match deadline {
+                    Some(d) => tokio::time::timeout_at(d, grow).await.is_ok(),
+                    None => {
+                        grow.await;
+                        true
+                    }
+                };
+                if !in_time {
+                    return Err(self.late());
+                }
+            }
+            _ => {
+                if !self.head_room.try_grow_to(over) {
+                    self.out.extend_from_slice(b"SERVER_ERROR out of memory reading request\r\n");
+                    let _ = self.flush().await;
+                    return Err(End::Closed);
+                }
+            }
+        }
         let (stream, input, close) = (&mut self.stream, &mut self.input, &mut self.close);
         let got = if between {
             let asked = close.as_mut().expect("checked above");
@@ -281,20 +342,67 @@ impl Conn {
                 }
                 stream.read_buf(input).await
             };
-            match idle.is_zero() {
-                true => read.await.ok(),
-                false => tokio::time::timeout(idle, read).await.ok().and_then(|r| r.ok()),
-            }
-            .filter(|&n| n > 0)
+            let got = match (deadline, idle.is_zero()) {
+                // A unit of input under way: its own deadline, however the bytes trickle.
+                (Some(d), _) => match tokio::time::timeout_at(d, read).await {
+                    Ok(r) => r.ok(),
+                    Err(_) => return Err(self.late()),
+                },
+                (None, true) => read.await.ok(),
+                (None, false) => tokio::time::timeout(idle, read).await.ok().and_then(|r| r.ok()),
+            };
+            got.filter(|&n| n > 0)
         };
         match got {
             Some(n) => {
+                if let Reading::Block { received, .. } = &mut self.reading {
+                    *received += n as u64;
+                }
                 self.app.memcache.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
                 self.entry.active_ms.store(self.listener.now_ms(), Ordering::Relaxed);
                 Ok(())
             }
             None => Err(End::Closed),
         }
+    }
+
+    /// When the unit being read must be in, if one is under way.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        let p = &self.app.policy;
+        match self.reading {
+            Reading::Between => None,
+            Reading::Line { until } => Some(until.into()),
+            Reading::Block { start, received, .. } => p.body_deadline(received).map(|d| (start + d).into()),
+        }
+    }
+
+    /// A deadline missed: counted, and the connection closes (its budget goes back with it).
+    fn late(&self) -> End {
+        let door = if self.binary { Door::MemcacheBinary } else { Door::MemcacheText };
+        let unit = if matches!(self.reading, Reading::Block { .. }) { Unit::Body } else { Unit::Head };
+        self.app.policy.late(door, unit);
+        End::Closed
+    }
+
+    /// A command line (or binary header) has begun and is not complete: its deadline runs
+    /// from now, once.
+    pub fn line_pending(&mut self) {
+        if !matches!(self.reading, Reading::Line { .. }) {
+            if let Some(d) = self.app.policy.head_deadline() {
+                self.reading = Reading::Line { until: Instant::now() + d };
+            }
+        }
+    }
+
+    /// A data block (or binary body) of `whole` bytes held in the input buffer is read from
+    /// now (0: its bytes leave the buffer as they come).
+    pub fn block_begins(&mut self, whole: u64) {
+        self.reading = Reading::Block { start: Instant::now(), received: 0, whole };
+    }
+
+    /// The line or block is in.
+    pub fn unit_done(&mut self) {
+        self.reading = Reading::Between;
     }
 
     /// Writes the answers gathered so far. A client that takes none of them for the idle
@@ -329,10 +437,12 @@ impl Conn {
         Ok(())
     }
 
-    /// Ensures `n` bytes are read (for a data block).
+    /// Ensures `n` bytes are read (for a data block). The buffer grows as bytes arrive, not
+    /// to the declared length at once: a length only declared holds no memory.
     pub async fn want(&mut self, n: usize) -> Result<(), End> {
         while self.input.len() < n {
-            self.input.reserve(n - self.input.len());
+            // The buffer doubles as it fills (each read reserves a little more room): charged
+            // by its capacity, it is never charged more than twice what arrived.
             self.fill().await?;
         }
         Ok(())
@@ -463,6 +573,12 @@ async fn serve(l: Arc<Listener>, stream: TcpStream, close: oneshot::Receiver<()>
         entry,
         listener: l.clone(),
         close: Some(close),
+        who: crate::guard::Identity::Anonymous,
+        status: 0,
+        binary: false,
+        reading: Reading::Between,
+        head_room: app.body_budget.head(),
+        body_room: app.body_budget.body(),
     };
     let _ = exec::session(&mut c).await;
     let _ = c.flush().await;

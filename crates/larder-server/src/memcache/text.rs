@@ -80,6 +80,43 @@ pub enum Command<'a> {
     },
 }
 
+impl Command<'_> {
+    /// The name the command is counted under (`exec::COMMANDS`).
+    pub fn name(&self) -> &'static [u8] {
+        match self {
+            Command::Get { cas: false, touch: None, .. } => b"get",
+            Command::Get { cas: true, touch: None, .. } => b"gets",
+            Command::Get { cas: false, touch: Some(_), .. } => b"gat",
+            Command::Get { cas: true, touch: Some(_), .. } => b"gats",
+            Command::Store { op, .. } => match op {
+                StoreOp::Set => b"set",
+                StoreOp::Add => b"add",
+                StoreOp::Replace => b"replace",
+                StoreOp::Append => b"append",
+                StoreOp::Prepend => b"prepend",
+                StoreOp::Cas => b"cas",
+            },
+            Command::Delete { .. } => b"delete",
+            Command::Arith { incr: true, .. } => b"incr",
+            Command::Arith { incr: false, .. } => b"decr",
+            Command::Touch { .. } => b"touch",
+            Command::FlushAll { .. } => b"flush_all",
+            Command::Version => b"version",
+            Command::Verbosity { .. } => b"verbosity",
+            Command::Stats(_) => b"stats",
+            Command::Quit => b"quit",
+            Command::MetaNoop => b"mn",
+            Command::Meta { cmd, .. } => match cmd {
+                b'g' => b"mg",
+                b's' => b"ms",
+                b'd' => b"md",
+                b'a' => b"ma",
+                _ => b"me",
+            },
+        }
+    }
+}
+
 /// What a command line asks for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Parsed<'a> {
@@ -343,7 +380,9 @@ fn parse_store<'a>(op: StoreOp, words: &[&'a [u8]], nr: bool) -> Parsed<'a> {
         },
         _ => 0,
     };
-    if len < 0 {
+    // memcached's bound (its length plus the data's `\r\n` must stay below INT_MAX): a
+    // longer one is a bad line, answered at once and never read.
+    if !(0..=i32::MAX as i64 - 3).contains(&len) {
         return bad;
     }
     Parsed::Command(Command::Store { op, key: words[1], flags, exptime, len, cas, noreply: nr })

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod mc;
 pub mod origin;
 
 use std::io::{BufRead, BufReader, Read, Write};

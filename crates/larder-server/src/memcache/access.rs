@@ -1,0 +1,138 @@
+//! The memcached door's side of the policy ([`crate::guard`]): each command classified into a
+//! permission, the connection's identity taken from memcached's own credential exchanges, and
+//! refusals rendered as memcached renders them.
+//!
+//! - Text (and meta) commands: as memcached with `-Y`, a connection's first `set` carries the
+//!   credential as its data, `<user> <secret>`; `STORED` when the secret is larder's token,
+//!   `CLIENT_ERROR authentication failure` when not. Any user name is taken: larder has one
+//!   secret, not an account table.
+//! - Binary: SASL `PLAIN` (what Dalli's `username:`/`password:` and libmemcached send), the
+//!   password being larder's token.
+//!
+//! A connection's identity lives on the connection; the policy decides each command with it.
+
+use super::text::{Command, StoreOp};
+use super::{Conn, End};
+use crate::guard::{Door, Identity, Permission, Refusal, Session};
+
+/// The longest credential block a `set` may carry before the connection is authenticated:
+/// an anonymous client is not read for long.
+const CREDENTIAL_MAX: i64 = 1024;
+
+/// What a text or meta command asks for.
+pub(super) fn text_permission(cmd: &Command<'_>) -> Permission {
+    match cmd {
+        Command::Get { touch: None, .. } => Permission::Read,
+        Command::Get { touch: Some(_), .. } => Permission::Write,
+        Command::Store { .. } | Command::Arith { .. } | Command::Touch { .. } => Permission::Write,
+        Command::Delete { .. } => Permission::Delete,
+        Command::FlushAll { .. } => Permission::Flush,
+        Command::Stats(_) => Permission::Admin,
+        Command::Version | Command::Verbosity { .. } | Command::Quit | Command::MetaNoop => Permission::Health,
+        Command::Meta { cmd, words } => match cmd {
+            // mg touches with T, and creates the item on a miss with N.
+            b'g' if words.iter().skip(2).any(|w| matches!(w.first(), Some(b'T' | b'N'))) => Permission::Write,
+            b'g' | b'e' => Permission::Read,
+            b'd' => Permission::Delete,
+            _ => Permission::Write, // ms, ma
+        },
+    }
+}
+
+/// memcached's line for a refusal (always sent, `noreply` or not, as memcached sends errors).
+pub(super) fn refusal_line(r: Refusal) -> &'static str {
+    match r {
+        Refusal::Unauthenticated | Refusal::BadCredential => "CLIENT_ERROR unauthenticated\r\n",
+        Refusal::ReadOnly => "SERVER_ERROR this server is read-only\r\n",
+    }
+}
+
+/// Asks the policy about a text command on this connection.
+pub(super) fn admit_text(c: &Conn, cmd: &Command<'_>) -> Result<(), Refusal> {
+    c.app.policy.admit(Door::MemcacheText, Session::PerConnection, c.who, text_permission(cmd))
+}
+
+/// Whether a refused command is a credential instead: an unauthenticated connection's `set`.
+pub(super) fn is_login(c: &Conn, cmd: &Command<'_>, refusal: Refusal) -> bool {
+    c.who != Identity::Token && refusal != Refusal::ReadOnly && matches!(cmd, Command::Store { op: StoreOp::Set, .. })
+}
+
+/// Reads a `set`'s data block as `<user> <secret>` and authenticates the connection with it.
+/// A block too long to be a credential gets the failure line and closes the connection (an
+/// anonymous client is not read for long).
+pub(super) async fn login(c: &mut Conn, len: i64) -> Result<(), End> {
+    if len > CREDENTIAL_MAX {
+        c.out.extend_from_slice(b"CLIENT_ERROR authentication failure\r\n");
+        return Err(End::Closed);
+    }
+    let len = len as usize;
+    super::exec::read_block(c, len + 2).await?;
+    let block = c.input.split_to(len + 2);
+    let secret = block[..len].splitn(2, |&b| b == b' ').nth(1).filter(|_| &block[len..] == b"\r\n");
+    match c.app.policy.identify(secret) {
+        Identity::Token if secret.is_some() => {
+            c.who = Identity::Token;
+            c.out.extend_from_slice(b"STORED\r\n");
+        }
+        _ => {
+            c.app.policy.count(Door::MemcacheText, Refusal::BadCredential);
+            c.out.extend_from_slice(b"CLIENT_ERROR authentication failure\r\n");
+        }
+    }
+    Ok(())
+}
+
+/// What a binary request asks for, by opcode (SASL's own opcodes are the exchange itself).
+pub(super) fn binary_permission(opcode: u8) -> Permission {
+    match opcode {
+        0x00 | 0x09 | 0x0c | 0x0d => Permission::Read,
+        0x04 | 0x14 => Permission::Delete,
+        0x08 | 0x18 => Permission::Flush,
+        0x10 => Permission::Admin,
+        // set, add, replace, incr, decr, append, prepend, touch, gat and their quiet forms
+        0x01..=0x03
+        | 0x05
+        | 0x06
+        | 0x0e
+        | 0x0f
+        | 0x11..=0x13
+        | 0x15
+        | 0x16
+        | 0x19
+        | 0x1a
+        | 0x1c..=0x1e
+        | 0x23
+        | 0x24 => Permission::Write,
+        // quit, noop, version, SASL, and opcodes answered "unknown command"
+        _ => Permission::Health,
+    }
+}
+
+/// Asks the policy about a binary request on this connection.
+pub(super) fn admit_binary(c: &Conn, opcode: u8) -> Result<(), Refusal> {
+    c.app.policy.admit(Door::MemcacheBinary, Session::PerConnection, c.who, binary_permission(opcode))
+}
+
+/// SASL's mechanisms, its `PLAIN` exchange and its step: `Ok(answer)` when the
+/// exchange succeeded, `Err(())` when it failed (the caller answers an auth error).
+pub(super) fn sasl(c: &mut Conn, opcode: u8, mechanism: &[u8], data: &[u8]) -> Result<&'static [u8], ()> {
+    match opcode {
+        0x20 => Ok(b"PLAIN"),
+        0x21 if mechanism == b"PLAIN" => {
+            // authzid NUL authcid NUL password (RFC 4616)
+            let mut parts = data.splitn(3, |&b| b == 0);
+            let password = parts.nth(2);
+            match c.app.policy.identify(password) {
+                Identity::Token if password.is_some() => {
+                    c.who = Identity::Token;
+                    Ok(b"Authenticated")
+                }
+                _ => {
+                    c.app.policy.count(Door::MemcacheBinary, Refusal::BadCredential);
+                    Err(())
+                }
+            }
+        }
+        _ => Err(()), // another mechanism, or a step PLAIN never needs
+    }
+}
