@@ -2,6 +2,8 @@
 //! own that fetches from the origin, writes the response to the store and streams it to every
 //! request that joined before the body began (each with its own byte window for a `Range`).
 //! The task runs on when its first client goes away, so the store is filled all the same.
+//! This file holds the flight table, a flight's members and how a piece of body reaches
+//! them; the leader itself is in `lead.rs`.
 
 use bytes::Bytes;
 use hyper::header::HeaderMap;
@@ -10,6 +12,7 @@ use larder_engine::ByteRange;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 /// The response head a flight's members receive.
@@ -158,4 +161,35 @@ pub fn member(
     // A few pieces in flight per member: memory stays bounded by members × this × piece size.
     let (dtx, drx) = mpsc::channel(4);
     (Member { outcome: Some(otx), data: dtx, range, skip: 0, take: u64::MAX }, orx, drx)
+}
+
+/// Sends a piece of body to each member, cut to its window; a member that is gone, or takes
+/// no piece for the read timeout, is dropped.
+pub async fn send_to_members(live: &mut Vec<Member>, d: Bytes, timeout: Duration) {
+    let mut i = 0;
+    while i < live.len() {
+        let m = &mut live[i];
+        let n = d.len() as u64;
+        let start = m.skip.min(n);
+        m.skip -= start;
+        let end = (start + m.take.min(n - start)).min(n);
+        if m.take != u64::MAX {
+            m.take -= end - start;
+        }
+        let ok = if end > start {
+            matches!(
+                tokio::time::timeout(timeout, m.data.send(Ok(d.slice(start as usize..end as usize)))).await,
+                Ok(Ok(()))
+            )
+        } else {
+            !m.data.is_closed()
+        };
+        if ok {
+            i += 1;
+        } else {
+            // Told, where its channel has room, so a body of unknown length does not look whole.
+            let gone = live.swap_remove(i);
+            let _ = gone.data.try_send(Err(larder_engine::Error::new(larder_engine::ErrorKind::Io, "fell behind")));
+        }
+    }
 }
