@@ -286,6 +286,37 @@ fn responses_that_vary_are_stored_per_variant() {
     assert_eq!(langs, vec![Some("en".into()), Some("fr".into()), None], "each variant fetched with its fields");
 }
 
+/// A client can make any field hop-by-hop by naming it in `Connection`: `Accept` then never
+/// reaches the origin, which answers as to a request without it. That answer must be stored as
+/// the variant of no `Accept`, not as the one the client's `Accept` names, or every later JSON
+/// client would get the HTML as a hit.
+#[test]
+fn a_variant_is_selected_by_the_fields_the_origin_received() {
+    let o = Origin::start();
+    let answer = |body: &[u8], kind: &str| {
+        Answer::ok(body, &[("cache-control", "max-age=60"), ("vary", "Accept"), ("content-type", kind)])
+    };
+    o.set("/x", answer(b"<html>", "text/html"));
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    let json = ("accept", "application/json");
+    let r = get(&mut c, "/x", &[json, ("connection", "accept")]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("MISS", &b"<html>"[..]));
+    assert_eq!(o.seen("/x")[0].header("accept"), None, "Accept was hop-by-hop: not forwarded");
+    o.set("/x", answer(b"{}", "application/json"));
+    let r = get(&mut c, "/x", &[json]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("MISS", &b"{}"[..]), "the HTML is not the JSON variant");
+    assert_eq!(o.seen("/x")[1].header("accept"), Some("application/json"));
+    // Each response is the variant of what its origin request carried.
+    let r = get(&mut c, "/x", &[json]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("HIT", &b"{}"[..]));
+    let r = get(&mut c, "/x", &[]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("HIT", &b"<html>"[..]));
+    let r = get(&mut c, "/x", &[json, ("connection", "accept")]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("HIT", &b"<html>"[..]), "as the origin would have answered it");
+    assert_eq!(o.count("/x"), 2);
+}
+
 #[test]
 fn a_304_for_one_variant_never_vouches_for_another() {
     let o = Origin::start();

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{
     HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, ETAG, IF_MODIFIED_SINCE,
-    IF_NONE_MATCH, IF_RANGE, LAST_MODIFIED, RANGE,
+    IF_NONE_MATCH, IF_RANGE, LAST_MODIFIED,
 };
 use hyper::{Method, Request, Response, StatusCode};
 use larder_engine::{now_ms, Part};
@@ -39,13 +39,7 @@ pub(super) struct Plan {
 }
 
 pub(super) fn plan(req: &Request<Incoming>, uri: Vec<u8>, key: Vec<u8>, stale: Option<&Entry>) -> Plan {
-    let mut headers = origin::request_headers(req.headers());
-    // The cache fetches whole responses it can store; the client's own conditionals and range
-    // are answered from that response.
-    // A GET's body (if a client sent one) is not sent: neither are the fields describing it.
-    for n in [IF_NONE_MATCH, IF_MODIFIED_SINCE, IF_RANGE, RANGE, CONTENT_LENGTH, hyper::header::TRANSFER_ENCODING] {
-        headers.remove(n);
-    }
+    let mut headers = origin::fetch_headers(req.headers());
     let validating = stale.map(|e| (e.key.clone(), e.value().stored_ms, e.stored.clone()));
     if let Some((_, _, s)) = &validating {
         if let Some(tag) = s.headers.get(ETAG) {

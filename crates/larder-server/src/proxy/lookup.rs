@@ -4,6 +4,7 @@
 //! marker orphans the old variants) and the request's selecting values. Selecting values are
 //! taken from the fields as they go to the origin, compared as bytes.
 
+use super::origin;
 use super::policy::Times;
 use super::stored::{Kind, Stored};
 use crate::api::{self, Read};
@@ -65,13 +66,20 @@ pub(super) fn vary_names(h: &HeaderMap) -> Vec<HeaderName> {
     names
 }
 
-/// A request's values of `names`, normalised (field lines joined, spaces around commas dropped)
-/// so that equivalent requests select the same variant (RFC 9111 §4.1).
-pub(super) fn selecting(req: &HeaderMap, names: &[HeaderName]) -> Vec<(HeaderName, Option<HeaderValue>)> {
+/// A request's values of `names` as the origin receives them ([`origin::fetch_headers`]),
+/// normalised (field lines joined, spaces around commas dropped) so that equivalent requests
+/// select the same variant (RFC 9111 §4.1). Not the client's own fields: a field its
+/// `Connection` names is not forwarded, and the response the origin sends without it must be
+/// stored as the variant of its absence, not of the value the client had.
+pub(super) fn selecting(client: &HeaderMap, names: &[HeaderName]) -> Vec<(HeaderName, Option<HeaderValue>)> {
+    if names.is_empty() {
+        return Vec::new();
+    }
+    let sent = origin::fetch_headers(client);
     names
         .iter()
         .map(|n| {
-            let parts: Vec<String> = req
+            let parts: Vec<String> = sent
                 .get_all(n)
                 .iter()
                 .map(|v| {
