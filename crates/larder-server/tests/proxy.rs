@@ -317,6 +317,35 @@ fn a_variant_is_selected_by_the_fields_the_origin_received() {
     assert_eq!(o.count("/x"), 2);
 }
 
+/// Field values need not be UTF-8 (obs-text): `x\xe8` and `x\xe9` are two languages, and a
+/// lossy conversion must not make them one variant. Sent over a raw socket, byte for byte.
+#[test]
+fn selecting_values_are_compared_as_the_bytes_sent() {
+    let o = Origin::start();
+    let answer = |body: &[u8]| Answer::ok(body, &[("cache-control", "max-age=60"), ("vary", "Accept-Language")]);
+    o.set("/lang", answer(b"e acute"));
+    let s = proxy(&o, &[]);
+    let ask = |lang: &[u8]| {
+        let mut c = s.client();
+        let mut req = b"GET /lang HTTP/1.1\r\nHost: larder\r\nAccept-Language: ".to_vec();
+        req.extend_from_slice(lang);
+        req.extend_from_slice(b"\r\n\r\n");
+        c.raw(&req).unwrap();
+        let r = c.read_response(false).unwrap();
+        (x_cache(&r).to_string(), String::from_utf8(r.body).unwrap())
+    };
+    assert_eq!(ask(b"x\xe9"), ("MISS".into(), "e acute".into()));
+    o.set("/lang", answer(b"e grave"));
+    assert_eq!(ask(b"x\xe8"), ("MISS".into(), "e grave".into()), "another value: another variant");
+    assert_eq!(ask(b"x\xe9"), ("HIT".into(), "e acute".into()));
+    assert_eq!(ask(b"x\xe8"), ("HIT".into(), "e grave".into()));
+    // Normalised as bytes too: the spaces around commas do not count.
+    assert_eq!(ask(b"x\xe8 ,\t\xff"), ("MISS".into(), "e grave".into()));
+    assert_eq!(ask(b"x\xe8,\xff"), ("HIT".into(), "e grave".into()));
+    let sent: Vec<_> = o.seen("/lang").iter().map(|r| r.header_bytes("accept-language").unwrap().to_vec()).collect();
+    assert_eq!(sent, [&b"x\xe9"[..], b"x\xe8", b"x\xe8 ,\t\xff"], "forwarded as they came");
+}
+
 #[test]
 fn a_304_for_one_variant_never_vouches_for_another() {
     let o = Origin::start();

@@ -70,26 +70,38 @@ pub(super) fn vary_names(h: &HeaderMap) -> Vec<HeaderName> {
 /// normalised (field lines joined, spaces around commas dropped) so that equivalent requests
 /// select the same variant (RFC 9111 §4.1). Not the client's own fields: a field its
 /// `Connection` names is not forwarded, and the response the origin sends without it must be
-/// stored as the variant of its absence, not of the value the client had.
+/// stored as the variant of its absence, not of the value the client had. Bytes throughout:
+/// values that are not UTF-8 are compared as sent, never made alike by a lossy conversion.
 pub(super) fn selecting(client: &HeaderMap, names: &[HeaderName]) -> Vec<(HeaderName, Option<HeaderValue>)> {
     if names.is_empty() {
         return Vec::new();
     }
     let sent = origin::fetch_headers(client);
-    names
-        .iter()
-        .map(|n| {
-            let parts: Vec<String> = sent
-                .get_all(n)
-                .iter()
-                .map(|v| {
-                    String::from_utf8_lossy(v.as_bytes()).split(',').map(|p| p.trim()).collect::<Vec<_>>().join(",")
-                })
-                .collect();
-            let value = (!parts.is_empty()).then(|| HeaderValue::from_str(&parts.join(",")).ok()).flatten();
-            (n.clone(), value)
-        })
-        .collect()
+    names.iter().map(|n| (n.clone(), normalised(sent.get_all(n).iter()))).collect()
+}
+
+/// A field's lines as one value: joined with commas, with the spaces and tabs around each
+/// comma dropped; `None` for no line at all.
+fn normalised<'a>(lines: impl Iterator<Item = &'a HeaderValue>) -> Option<HeaderValue> {
+    let mut joined: Option<Vec<u8>> = None;
+    for line in lines {
+        let out = match &mut joined {
+            Some(out) => {
+                out.push(b',');
+                out
+            }
+            None => joined.insert(Vec::new()),
+        };
+        for (i, member) in line.as_bytes().split(|&b| b == b',').enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(member.trim_ascii());
+        }
+    }
+    // Bytes of field values less some whitespace are a field value: hyper's parser let none
+    // through that `from_bytes` refuses (controls, DEL).
+    joined.map(|v| HeaderValue::from_bytes(&v).expect("a field value's bytes"))
 }
 
 /// A stored response found for a request.
@@ -172,4 +184,22 @@ pub(super) async fn marker(app: &Arc<App>, key: &[u8], uri: &[u8], names: &[Head
     let put =
         api::blocking(app, move |s| s.put(&key, b"", &PutOptions { attrs: Some(&attrs), ..PutOptions::default() }));
     put.await.ok().map(|st| st.version.stored_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selecting_values_are_normalised_as_bytes() {
+        let v = |lines: &[&[u8]]| {
+            normalised(lines.iter().map(|l| HeaderValue::from_bytes(l).unwrap()).collect::<Vec<_>>().iter())
+        };
+        assert_eq!(v(&[]), None);
+        assert_eq!(v(&[b""]), Some(HeaderValue::from_static("")));
+        assert_eq!(v(&[b"en , fr\t,de", b" x"]), Some(HeaderValue::from_static("en,fr,de,x")));
+        let e9 = v(&[b"x\xe9"]).unwrap();
+        assert_eq!(e9.as_bytes(), b"x\xe9");
+        assert_ne!(Some(e9), v(&[b"x\xe8"]), "no lossy conversion makes them one");
+    }
 }
