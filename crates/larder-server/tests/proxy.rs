@@ -24,6 +24,16 @@ fn x_cache(r: &Resp) -> &str {
     r.header("x-cache").unwrap_or("")
 }
 
+/// Waits until `done` holds (checked every 5 ms, for at most 10 s): for an event the test can
+/// observe but not be told of, such as a request reaching the origin.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn freshness_comes_from_s_maxage_max_age_expires_or_the_heuristic_and_age_is_sent() {
     let o = Origin::start();
@@ -552,6 +562,32 @@ fn purge_drops_a_stored_response_behind_the_admin_token() {
     assert_eq!(x_cache(&get(&mut c, "/p?q=1", &[("accept", "b")])), "MISS");
     assert_eq!(c.request("POST", "/_larder/purge?uri=larder/nothing", &auth, b"").status, 404);
     assert_eq!(c.request("POST", "/_larder/purge", &auth, b"").status, 400);
+}
+
+/// A purge while the URI is being fetched: the fetch may bring what the purge is for (the
+/// origin sent it before it changed), so it is not stored, and the next request goes to the
+/// origin again.
+#[test]
+fn a_purge_during_a_fetch_keeps_that_fetch_out_of_the_store() {
+    let o = Origin::start();
+    o.set("/news", Answer::ok(b"before", &[("cache-control", "max-age=60")]));
+    o.hold("/news");
+    let s = proxy(&o, &[]);
+    let addr = s.addr;
+    let fetching = std::thread::spawn(move || get(&mut Client::connect(addr), "/news", &[]));
+    wait_until("the fetch reaches the origin", || o.count("/news") == 1);
+    let r = s.client().request("POST", "/_larder/purge?uri=larder/news", &[], b"");
+    let said = String::from_utf8_lossy(&r.body).to_string();
+    assert_eq!((r.status, said.as_str()), (200, "purged: the fetch under way will not be stored\n"));
+    o.release("/news");
+    let r = fetching.join().unwrap();
+    assert_eq!((r.status, &r.body[..]), (200, &b"before"[..]), "its own client is answered");
+    o.set("/news", Answer::ok(b"after", &[("cache-control", "max-age=60")]));
+    let r = get(&mut s.client(), "/news", &[]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("MISS", &b"after"[..]), "the purged fetch was not stored");
+    let r = get(&mut s.client(), "/news", &[]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("HIT", &b"after"[..]), "a fetch after the purge is");
+    assert_eq!(o.count("/news"), 2);
 }
 
 /// GETs `path` on a connection of its own and reads the body as it comes, keeping only its

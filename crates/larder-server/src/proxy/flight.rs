@@ -132,8 +132,9 @@ impl Flights {
         self.epoch.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Notes that an unsafe method changed what `key` names: any fetch of it running now, shared
-    /// or not, may have fetched what came before the change, and is not stored (RFC 9111 §4.4).
+    /// Notes that what `key` names changed (an unsafe method, RFC 9111 §4.4) or must be fetched
+    /// anew (a purge): any fetch of it running now, shared or not, may have fetched what came
+    /// before, and is not stored.
     pub fn invalidate(&self, key: &[u8]) {
         let e = self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
         self.invalidated.insert(key.to_vec(), e);

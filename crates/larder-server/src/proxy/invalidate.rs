@@ -38,15 +38,24 @@ pub(super) async fn unsafe_method(app: &Arc<App>, p: &Proxy, req: Request<Incomi
     }
     if let Some(store) = app.store.get() {
         for u in uris {
-            let key = cache_key(&u);
-            p.pass_until.remove(&key);
-            p.flights.invalidate(&key);
-            if invalidate(app, store, key).await {
+            if forget(app, p, store, cache_key(&u)).await.0 {
                 p.counters.invalidations.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
     r
+}
+
+/// Forgets what the cache knows of the URI whose cache key is `key`: its hit-for-pass, any
+/// fetch of it under way (which may have fetched what came before, so it is not stored; see
+/// [`super::flight::Flights::invalidate`]) and what is stored. Whether something stored was
+/// deleted, and whether a shared fetch was under way.
+async fn forget(app: &Arc<App>, p: &Proxy, store: &Store, key: Vec<u8>) -> (bool, bool) {
+    p.pass_until.remove(&key);
+    let fetching = p.flights.busy(&key);
+    // Before the delete: a fetch that stores in between is caught by the check after its write.
+    p.flights.invalidate(&key);
+    (delete(app, store, key).await, fetching)
 }
 
 /// `reference` resolved on a request to `host`, if it names the same host.
@@ -69,7 +78,7 @@ pub(super) fn same_host(host: &[u8], reference: &str) -> Option<Vec<u8>> {
 }
 
 /// Deletes the stored response (or vary marker, orphaning its variants) under `key`.
-pub(super) async fn invalidate(app: &Arc<App>, store: &Store, key: Vec<u8>) -> bool {
+pub(super) async fn delete(app: &Arc<App>, store: &Store, key: Vec<u8>) -> bool {
     let quick = store.delete(&key, &larder_engine::DeleteOptions { nonblocking: true, ..Default::default() });
     match quick {
         Err(e) if e.kind() == larder_engine::ErrorKind::WouldBlock => {
@@ -79,7 +88,8 @@ pub(super) async fn invalidate(app: &Arc<App>, store: &Store, key: Vec<u8>) -> b
     }
 }
 
-/// `/_larder/purge?uri=HOST/PATH`: drops the stored response of a URI (all its variants).
+/// `/_larder/purge?uri=HOST/PATH`: drops the stored response of a URI (all its variants), and
+/// keeps a fetch of it under way from storing what it fetched.
 pub async fn purge(app: &Arc<App>, query: Option<&str>) -> Resp {
     let Some(p) = app.proxy.as_ref() else {
         return text(StatusCode::NOT_FOUND, "purge is for read-through mode (--origin)\n");
@@ -99,12 +109,11 @@ pub async fn purge(app: &Arc<App>, query: Option<&str>) -> Resp {
     let slash = uri.iter().position(|&b| b == b'/').unwrap_or(uri.len());
     let mut uri_l = uri[..slash].to_ascii_lowercase();
     uri_l.extend_from_slice(&uri[slash..]);
-    let key = cache_key(&uri_l);
-    p.pass_until.remove(&key);
-    if invalidate(app, store, key).await {
-        p.counters.purges.fetch_add(1, Ordering::Relaxed);
-        text(StatusCode::OK, "purged\n")
-    } else {
-        text(StatusCode::NOT_FOUND, "not in the cache\n")
+    match forget(app, p, store, cache_key(&uri_l)).await {
+        (false, false) => text(StatusCode::NOT_FOUND, "not in the cache\n"),
+        (deleted, _) => {
+            p.counters.purges.fetch_add(1, Ordering::Relaxed);
+            text(StatusCode::OK, if deleted { "purged\n" } else { "purged: the fetch under way will not be stored\n" })
+        }
     }
 }

@@ -6,6 +6,7 @@
 use super::directives::{Delta, Directives, MAX_DELTA};
 use super::fetch::Plan;
 use super::flight::{self, send_to_members, Head, Outcome};
+use super::invalidate::delete;
 use super::lookup::{marker, selecting, variant_key, vary_names};
 use super::origin::{self, OriginError};
 use super::policy::{self, Times};
@@ -350,7 +351,15 @@ pub(super) async fn deliver(
         return; // the writer is dropped unfinished: nothing is stored
     }
     let complete = len.is_none_or(|l| l == received) && !p.flights.invalidated_since(&plan.key, epoch);
+    let stored_key = sink.key().map(<[u8]>::to_vec);
     match sink.finish(app, complete).await {
+        // An invalidation that came while the write finished may have deleted before it: what
+        // was written goes too.
+        Ok(true) if p.flights.invalidated_since(&plan.key, epoch) => {
+            if let Some(k) = stored_key {
+                delete(app, store, k).await;
+            }
+        }
         Ok(true) => {
             p.counters.stored.fetch_add(1, Ordering::Relaxed);
             p.pass_until.remove(&plan.key);
@@ -376,17 +385,22 @@ pub(super) enum Sink {
     Gather { key: Vec<u8>, attrs: Vec<u8>, expiry: Expiry, parts: Vec<Bytes> },
     /// Anything longer, or of unknown length: a writer on the blocking pool fed piece by
     /// piece, holding about a chunk of it.
-    Stream { tx: tokio::sync::mpsc::Sender<Option<Bytes>>, task: tokio::task::JoinHandle<larder_engine::Result<bool>> },
+    Stream {
+        key: Vec<u8>,
+        tx: tokio::sync::mpsc::Sender<Option<Bytes>>,
+        task: tokio::task::JoinHandle<larder_engine::Result<bool>>,
+    },
 }
 
 impl Sink {
     fn stream(app: &Arc<App>, key: Vec<u8>, attrs: Vec<u8>, expiry: Expiry) -> Sink {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Option<Bytes>>(2);
         let app = app.clone();
+        let k = key.clone();
         let task = tokio::task::spawn_blocking(move || -> larder_engine::Result<bool> {
             let store = app.store.get().expect("store is ready");
             let opts = PutOptions { expiry, attrs: Some(&attrs), ..PutOptions::default() };
-            let mut w = store.writer(&key, &opts)?;
+            let mut w = store.writer(&k, &opts)?;
             while let Some(piece) = rx.blocking_recv() {
                 match piece {
                     Some(d) => w.write(&d)?,
@@ -398,7 +412,15 @@ impl Sink {
             }
             Ok(false) // cut short: the writer is dropped and nothing is stored
         });
-        Sink::Stream { tx, task }
+        Sink::Stream { key, tx, task }
+    }
+
+    /// The key the body is stored under, if it is.
+    fn key(&self) -> Option<&[u8]> {
+        match self {
+            Sink::None => None,
+            Sink::Gather { key, .. } | Sink::Stream { key, .. } => Some(key),
+        }
     }
 
     async fn push(&mut self, d: &Bytes) {
@@ -438,7 +460,7 @@ impl Sink {
                     done => done.map(|_| true),
                 }
             }
-            Sink::Stream { tx, task } => {
+            Sink::Stream { tx, task, .. } => {
                 if complete {
                     let _ = tx.send(None).await;
                 }
