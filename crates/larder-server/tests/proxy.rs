@@ -655,3 +655,92 @@ fn a_gibibyte_origin_object_streams_to_eight_clients_with_one_fetch_and_bounded_
     assert!(growth < 64 << 20, "memory grew by {} MiB serving the stored copy", growth >> 20);
     assert_eq!(o.count("/gib"), 1);
 }
+
+/// Sets a socket's receive buffer (which stops the kernel growing it on its own).
+fn set_receive_buffer(s: &std::net::TcpStream, size: usize) {
+    use std::os::fd::AsRawFd;
+    let size = size as libc::c_int;
+    let set = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0, "SO_RCVBUF");
+}
+
+/// Sends `GET path` on a connection of its own and reads nothing: a client that stopped
+/// reading. Its receive buffer is fixed at 256 KiB, so that the kernel does not grow it to hold
+/// the whole body, yet above loopback's 64 KiB segments (a window smaller than a segment
+/// reopens only when the server probes it, seconds later).
+fn stalled_get(addr: std::net::SocketAddr, path: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    set_receive_buffer(&s, 256 << 10);
+    write!(s, "GET {path} HTTP/1.1\r\nHost: larder\r\n\r\n").unwrap();
+    s
+}
+
+/// Reads a connection until the server closes it: the bytes received. Fails if it stays open
+/// and silent for 10 s.
+fn read_until_closed(mut s: std::net::TcpStream) -> usize {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (mut n, mut buf) = (0, vec![0; 1 << 16]);
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return n,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return n,
+            Err(e) => panic!("the connection stayed open after {n} bytes: {e}"),
+        }
+    }
+}
+
+/// A counter of `/_larder/metrics` (0 until it appears).
+fn metric(s: &Server, name: &str) -> u64 {
+    let m = s.client().request("GET", "/_larder/metrics", &[], b"");
+    let text = String::from_utf8_lossy(&m.body).to_string();
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0)
+}
+
+/// A flight moves at the pace of its members: each holds a few slices of the body, so memory
+/// stays bounded whatever its size. A client that stops reading must not hold the others and
+/// the store for the origin's read timeout (60 s here, the default) as it used to, one timeout
+/// after another: once it has taken nothing for 2 s it is detached, its own answer cut, and
+/// the others go on.
+#[test]
+fn members_that_stop_reading_are_detached_and_the_others_and_the_store_go_on() {
+    let o = Origin::start();
+    // Far more than the socket buffers and a member's slices hold.
+    let body = common::bytes(11, 16 << 20);
+    let crc = crc32fast::hash(&body);
+    o.set("/wide", Answer::ok(&body, &[("cache-control", "max-age=60")]));
+    o.hold("/wide");
+    let url = o.url();
+    let s = Server::start(&["--origin", url.as_str()]);
+    let addr = s.addr;
+    let mut stalled = vec![stalled_get(addr, "/wide")];
+    wait_until("the first request leads the fetch", || o.count("/wide") == 1);
+    stalled.push(stalled_get(addr, "/wide"));
+    stalled.push(stalled_get(addr, "/wide"));
+    let reader = std::thread::spawn(move || stream_get(addr, "/wide"));
+    wait_until("the others joined the fetch", || metric(&s, "larder_proxy_coalesced_total") == 3);
+    let released = std::time::Instant::now();
+    o.release("/wide");
+    let (status, x, len, got) = reader.join().unwrap();
+    let took = released.elapsed();
+    println!("the member that reads had the whole body {took:?} after the origin answered");
+    assert_eq!((status, x.as_str(), len, got), (200, "MISS", body.len() as u64, crc));
+    assert!(took < Duration::from_secs(15), "the reader waited {took:?} on members that do not read");
+    let (status, x, len, got) = stream_get(addr, "/wide");
+    assert_eq!((status, x.as_str(), len, got), (200, "HIT", body.len() as u64, crc), "stored all the same");
+    assert_eq!(o.count("/wide"), 1);
+    for (i, c) in stalled.into_iter().enumerate() {
+        let n = read_until_closed(c);
+        assert!(n < body.len(), "member {i} that stopped reading was cut, not finished late: {n} bytes");
+    }
+}

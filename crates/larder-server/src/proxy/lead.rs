@@ -5,7 +5,7 @@
 
 use super::directives::{Delta, Directives, MAX_DELTA};
 use super::fetch::Plan;
-use super::flight::{self, send_to_members, Head, Outcome};
+use super::flight::{self, end_members, send_to_members, Head, Outcome, MEMBER_STALL};
 use super::invalidate::delete;
 use super::lookup::{marker, selecting, variant_key, vary_names};
 use super::origin::{self, OriginError};
@@ -316,6 +316,7 @@ pub(super) async fn deliver(
         }
         _ => Sink::None,
     };
+    let patience = MEMBER_STALL.min(p.origin.read_timeout);
     let mut received = 0u64;
     // Each piece goes to the members one piece late: the last is held until the response is
     // stored, so that a client that has the whole response finds it stored on its next request.
@@ -329,7 +330,7 @@ pub(super) async fn deliver(
                 }
                 sink.push(&d).await;
                 if let Some(prev) = held.replace(d) {
-                    send_to_members(&mut live, prev, p.origin.read_timeout).await;
+                    send_to_members(&mut live, prev, patience).await;
                 }
                 if live.is_empty() && matches!(sink, Sink::None) {
                     break false; // nobody is listening and nothing is stored
@@ -368,12 +369,9 @@ pub(super) async fn deliver(
         Err(e) => tracing::warn!(error = %e, "a response could not be stored"),
     }
     if let Some(last) = held {
-        send_to_members(&mut live, last, p.origin.read_timeout).await;
+        send_to_members(&mut live, last, patience).await;
     }
-    // The end, said explicitly: a body of unknown length that just stops was cut short.
-    for m in &live {
-        let _ = tokio::time::timeout(p.origin.read_timeout, m.data.send(Ok(Bytes::new()))).await;
-    }
+    end_members(&live, patience).await;
 }
 
 /// Where a response's body goes in the store while it streams; only a complete body is stored.
