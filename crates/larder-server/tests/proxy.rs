@@ -24,6 +24,16 @@ fn x_cache(r: &Resp) -> &str {
     r.header("x-cache").unwrap_or("")
 }
 
+/// Waits until `done` holds (checked every 5 ms, for at most 10 s): for an event the test can
+/// observe but not be told of, such as a request reaching the origin.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn freshness_comes_from_s_maxage_max_age_expires_or_the_heuristic_and_age_is_sent() {
     let o = Origin::start();
@@ -286,6 +296,66 @@ fn responses_that_vary_are_stored_per_variant() {
     assert_eq!(langs, vec![Some("en".into()), Some("fr".into()), None], "each variant fetched with its fields");
 }
 
+/// A client can make any field hop-by-hop by naming it in `Connection`: `Accept` then never
+/// reaches the origin, which answers as to a request without it. That answer must be stored as
+/// the variant of no `Accept`, not as the one the client's `Accept` names, or every later JSON
+/// client would get the HTML as a hit.
+#[test]
+fn a_variant_is_selected_by_the_fields_the_origin_received() {
+    let o = Origin::start();
+    let answer = |body: &[u8], kind: &str| {
+        Answer::ok(body, &[("cache-control", "max-age=60"), ("vary", "Accept"), ("content-type", kind)])
+    };
+    o.set("/x", answer(b"<html>", "text/html"));
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    let json = ("accept", "application/json");
+    let r = get(&mut c, "/x", &[json, ("connection", "accept")]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("MISS", &b"<html>"[..]));
+    assert_eq!(o.seen("/x")[0].header("accept"), None, "Accept was hop-by-hop: not forwarded");
+    o.set("/x", answer(b"{}", "application/json"));
+    let r = get(&mut c, "/x", &[json]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("MISS", &b"{}"[..]), "the HTML is not the JSON variant");
+    assert_eq!(o.seen("/x")[1].header("accept"), Some("application/json"));
+    // Each response is the variant of what its origin request carried.
+    let r = get(&mut c, "/x", &[json]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("HIT", &b"{}"[..]));
+    let r = get(&mut c, "/x", &[]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("HIT", &b"<html>"[..]));
+    let r = get(&mut c, "/x", &[json, ("connection", "accept")]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("HIT", &b"<html>"[..]), "as the origin would have answered it");
+    assert_eq!(o.count("/x"), 2);
+}
+
+/// Field values need not be UTF-8 (obs-text): `x\xe8` and `x\xe9` are two languages, and a
+/// lossy conversion must not make them one variant. Sent over a raw socket, byte for byte.
+#[test]
+fn selecting_values_are_compared_as_the_bytes_sent() {
+    let o = Origin::start();
+    let answer = |body: &[u8]| Answer::ok(body, &[("cache-control", "max-age=60"), ("vary", "Accept-Language")]);
+    o.set("/lang", answer(b"e acute"));
+    let s = proxy(&o, &[]);
+    let ask = |lang: &[u8]| {
+        let mut c = s.client();
+        let mut req = b"GET /lang HTTP/1.1\r\nHost: larder\r\nAccept-Language: ".to_vec();
+        req.extend_from_slice(lang);
+        req.extend_from_slice(b"\r\n\r\n");
+        c.raw(&req).unwrap();
+        let r = c.read_response(false).unwrap();
+        (x_cache(&r).to_string(), String::from_utf8(r.body).unwrap())
+    };
+    assert_eq!(ask(b"x\xe9"), ("MISS".into(), "e acute".into()));
+    o.set("/lang", answer(b"e grave"));
+    assert_eq!(ask(b"x\xe8"), ("MISS".into(), "e grave".into()), "another value: another variant");
+    assert_eq!(ask(b"x\xe9"), ("HIT".into(), "e acute".into()));
+    assert_eq!(ask(b"x\xe8"), ("HIT".into(), "e grave".into()));
+    // Normalised as bytes too: the spaces around commas do not count.
+    assert_eq!(ask(b"x\xe8 ,\t\xff"), ("MISS".into(), "e grave".into()));
+    assert_eq!(ask(b"x\xe8,\xff"), ("HIT".into(), "e grave".into()));
+    let sent: Vec<_> = o.seen("/lang").iter().map(|r| r.header_bytes("accept-language").unwrap().to_vec()).collect();
+    assert_eq!(sent, [&b"x\xe9"[..], b"x\xe8", b"x\xe8 ,\t\xff"], "forwarded as they came");
+}
+
 #[test]
 fn a_304_for_one_variant_never_vouches_for_another() {
     let o = Origin::start();
@@ -494,6 +564,32 @@ fn purge_drops_a_stored_response_behind_the_admin_token() {
     assert_eq!(c.request("POST", "/_larder/purge", &auth, b"").status, 400);
 }
 
+/// A purge while the URI is being fetched: the fetch may bring what the purge is for (the
+/// origin sent it before it changed), so it is not stored, and the next request goes to the
+/// origin again.
+#[test]
+fn a_purge_during_a_fetch_keeps_that_fetch_out_of_the_store() {
+    let o = Origin::start();
+    o.set("/news", Answer::ok(b"before", &[("cache-control", "max-age=60")]));
+    o.hold("/news");
+    let s = proxy(&o, &[]);
+    let addr = s.addr;
+    let fetching = std::thread::spawn(move || get(&mut Client::connect(addr), "/news", &[]));
+    wait_until("the fetch reaches the origin", || o.count("/news") == 1);
+    let r = s.client().request("POST", "/_larder/purge?uri=larder/news", &[], b"");
+    let said = String::from_utf8_lossy(&r.body).to_string();
+    assert_eq!((r.status, said.as_str()), (200, "purged: the fetch under way will not be stored\n"));
+    o.release("/news");
+    let r = fetching.join().unwrap();
+    assert_eq!((r.status, &r.body[..]), (200, &b"before"[..]), "its own client is answered");
+    o.set("/news", Answer::ok(b"after", &[("cache-control", "max-age=60")]));
+    let r = get(&mut s.client(), "/news", &[]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("MISS", &b"after"[..]), "the purged fetch was not stored");
+    let r = get(&mut s.client(), "/news", &[]);
+    assert_eq!((x_cache(&r), &r.body[..]), ("HIT", &b"after"[..]), "a fetch after the purge is");
+    assert_eq!(o.count("/news"), 2);
+}
+
 /// GETs `path` on a connection of its own and reads the body as it comes, keeping only its
 /// length and CRC32: (status, X-Cache, length, crc).
 fn stream_get(addr: std::net::SocketAddr, path: &str) -> (u16, String, u64, u32) {
@@ -558,4 +654,93 @@ fn a_gibibyte_origin_object_streams_to_eight_clients_with_one_fetch_and_bounded_
     assert_eq!((status, x.as_str(), len, got), (200, "HIT", 1 << 30, crc));
     assert!(growth < 64 << 20, "memory grew by {} MiB serving the stored copy", growth >> 20);
     assert_eq!(o.count("/gib"), 1);
+}
+
+/// Sets a socket's receive buffer (which stops the kernel growing it on its own).
+fn set_receive_buffer(s: &std::net::TcpStream, size: usize) {
+    use std::os::fd::AsRawFd;
+    let size = size as libc::c_int;
+    let set = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0, "SO_RCVBUF");
+}
+
+/// Sends `GET path` on a connection of its own and reads nothing: a client that stopped
+/// reading. Its receive buffer is fixed at 256 KiB, so that the kernel does not grow it to hold
+/// the whole body, yet above loopback's 64 KiB segments (a window smaller than a segment
+/// reopens only when the server probes it, seconds later).
+fn stalled_get(addr: std::net::SocketAddr, path: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    set_receive_buffer(&s, 256 << 10);
+    write!(s, "GET {path} HTTP/1.1\r\nHost: larder\r\n\r\n").unwrap();
+    s
+}
+
+/// Reads a connection until the server closes it: the bytes received. Fails if it stays open
+/// and silent for 10 s.
+fn read_until_closed(mut s: std::net::TcpStream) -> usize {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (mut n, mut buf) = (0, vec![0; 1 << 16]);
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return n,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return n,
+            Err(e) => panic!("the connection stayed open after {n} bytes: {e}"),
+        }
+    }
+}
+
+/// A counter of `/_larder/metrics` (0 until it appears).
+fn metric(s: &Server, name: &str) -> u64 {
+    let m = s.client().request("GET", "/_larder/metrics", &[], b"");
+    let text = String::from_utf8_lossy(&m.body).to_string();
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0)
+}
+
+/// A flight moves at the pace of its members: each holds a few slices of the body, so memory
+/// stays bounded whatever its size. A client that stops reading must not hold the others and
+/// the store for the origin's read timeout (60 s here, the default) as it used to, one timeout
+/// after another: once it has taken nothing for 2 s it is detached, its own answer cut, and
+/// the others go on.
+#[test]
+fn members_that_stop_reading_are_detached_and_the_others_and_the_store_go_on() {
+    let o = Origin::start();
+    // Far more than the socket buffers and a member's slices hold.
+    let body = common::bytes(11, 16 << 20);
+    let crc = crc32fast::hash(&body);
+    o.set("/wide", Answer::ok(&body, &[("cache-control", "max-age=60")]));
+    o.hold("/wide");
+    let url = o.url();
+    let s = Server::start(&["--origin", url.as_str()]);
+    let addr = s.addr;
+    let mut stalled = vec![stalled_get(addr, "/wide")];
+    wait_until("the first request leads the fetch", || o.count("/wide") == 1);
+    stalled.push(stalled_get(addr, "/wide"));
+    stalled.push(stalled_get(addr, "/wide"));
+    let reader = std::thread::spawn(move || stream_get(addr, "/wide"));
+    wait_until("the others joined the fetch", || metric(&s, "larder_proxy_coalesced_total") == 3);
+    let released = std::time::Instant::now();
+    o.release("/wide");
+    let (status, x, len, got) = reader.join().unwrap();
+    let took = released.elapsed();
+    println!("the member that reads had the whole body {took:?} after the origin answered");
+    assert_eq!((status, x.as_str(), len, got), (200, "MISS", body.len() as u64, crc));
+    assert!(took < Duration::from_secs(15), "the reader waited {took:?} on members that do not read");
+    let (status, x, len, got) = stream_get(addr, "/wide");
+    assert_eq!((status, x.as_str(), len, got), (200, "HIT", body.len() as u64, crc), "stored all the same");
+    assert_eq!(o.count("/wide"), 1);
+    for (i, c) in stalled.into_iter().enumerate() {
+        let n = read_until_closed(c);
+        assert!(n < body.len(), "member {i} that stopped reading was cut, not finished late: {n} bytes");
+    }
 }

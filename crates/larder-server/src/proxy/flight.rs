@@ -2,6 +2,8 @@
 //! own that fetches from the origin, writes the response to the store and streams it to every
 //! request that joined before the body began (each with its own byte window for a `Range`).
 //! The task runs on when its first client goes away, so the store is filled all the same.
+//! This file holds the flight table, a flight's members and how a piece of body reaches
+//! them; the leader itself is in `lead.rs`.
 
 use bytes::Bytes;
 use hyper::header::HeaderMap;
@@ -10,6 +12,7 @@ use larder_engine::ByteRange;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 /// The response head a flight's members receive.
@@ -129,8 +132,9 @@ impl Flights {
         self.epoch.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Notes that an unsafe method changed what `key` names: any fetch of it running now, shared
-    /// or not, may have fetched what came before the change, and is not stored (RFC 9111 §4.4).
+    /// Notes that what `key` names changed (an unsafe method, RFC 9111 §4.4) or must be fetched
+    /// anew (a purge): any fetch of it running now, shared or not, may have fetched what came
+    /// before, and is not stored.
     pub fn invalidate(&self, key: &[u8]) {
         let e = self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
         self.invalidated.insert(key.to_vec(), e);
@@ -155,7 +159,74 @@ pub fn member(
     range: Option<(ByteRange, Option<hyper::header::HeaderValue>)>,
 ) -> (Member, oneshot::Receiver<Outcome>, mpsc::Receiver<Result<Bytes, larder_engine::Error>>) {
     let (otx, orx) = oneshot::channel();
-    // A few pieces in flight per member: memory stays bounded by members × this × piece size.
+    // A few slices in flight per member: memory stays bounded by members × this × 64 KiB.
     let (dtx, drx) = mpsc::channel(4);
     (Member { outcome: Some(otx), data: dtx, range, skip: 0, take: u64::MAX }, orx, drx)
+}
+
+/// How long a flight waits on a member that takes nothing before it detaches it: its answer
+/// is cut (its connection pays), the others and the store go on. A flight moves at the pace
+/// of its slowest member, which keeps its memory bounded, so this is what a client that stops
+/// reading costs everyone else, once: before, each such member cost the origin read timeout
+/// (60 s by default). A member has four slices and its socket's buffers queued ahead of its
+/// client; one that takes no 64 KiB slice in 2 s is stalled, or slower than a flight can wait
+/// for (32 KiB/s), and can ask again to be answered from the store. Never longer than the
+/// read timeout: a client is not waited on longer than the origin is.
+pub const MEMBER_STALL: Duration = Duration::from_secs(2);
+
+/// The most a member is handed at once: an origin's pieces can be hundreds of KiB, and
+/// whether a member keeps up is judged, and its memory bounded, in these.
+const SLICE: usize = 64 << 10;
+
+/// Sends a piece of body to each member, cut to its window, in slices; a member that is gone,
+/// or takes no slice within `patience`, is detached.
+pub async fn send_to_members(live: &mut Vec<Member>, d: Bytes, patience: Duration) {
+    let mut at = 0;
+    while at < d.len() {
+        let end = (at + SLICE).min(d.len());
+        send_slice(live, d.slice(at..end), patience).await;
+        at = end;
+    }
+}
+
+async fn send_slice(live: &mut Vec<Member>, d: Bytes, patience: Duration) {
+    // One deadline for the slice, shared: nothing is sent to a member while the ones before it
+    // are waited on, so one whose channel is still full at its turn has taken nothing for the
+    // whole wait. However many members stall, a slice costs the others `patience` at most.
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut i = 0;
+    while i < live.len() {
+        let m = &mut live[i];
+        let n = d.len() as u64;
+        let start = m.skip.min(n);
+        m.skip -= start;
+        let end = (start + m.take.min(n - start)).min(n);
+        if m.take != u64::MAX {
+            m.take -= end - start;
+        }
+        let ok = if end > start {
+            let piece = d.slice(start as usize..end as usize);
+            matches!(tokio::time::timeout_at(deadline, m.data.send(Ok(piece))).await, Ok(Ok(())))
+        } else {
+            !m.data.is_closed()
+        };
+        if ok {
+            i += 1;
+        } else {
+            // Told, where its channel has room, so a body of unknown length does not look whole;
+            // the channel's end cuts a body of known length short all the same.
+            let gone = live.swap_remove(i);
+            let _ = gone.data.try_send(Err(larder_engine::Error::new(larder_engine::ErrorKind::Io, "fell behind")));
+            tracing::debug!(?patience, "a flight member took nothing in time: detached");
+        }
+    }
+}
+
+/// Ends each member's body with the end mark (an empty piece), waiting `patience` at most in
+/// all: a body of unknown length that just stops was cut short.
+pub async fn end_members(live: &[Member], patience: Duration) {
+    let deadline = tokio::time::Instant::now() + patience;
+    for m in live {
+        let _ = tokio::time::timeout_at(deadline, m.data.send(Ok(Bytes::new()))).await;
+    }
 }

@@ -4,7 +4,10 @@
 use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Empty};
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, TRANSFER_ENCODING, UPGRADE, VIA};
+use hyper::header::{
+    HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, HOST, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE,
+    RANGE, TRANSFER_ENCODING, UPGRADE, VIA,
+};
 use hyper::{Request, Response, Uri};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use std::time::Duration;
@@ -165,5 +168,18 @@ pub fn request_headers(client: &HeaderMap) -> HeaderMap {
     h.remove(UPGRADE);
     // Without a Host (an HTTP/1.0 client), hyper's client sends the origin's.
     h.append(VIA, HeaderValue::from_static(VIA_VALUE));
+    h
+}
+
+/// The header fields the cache fetches a client's GET or HEAD with (before the validators of a
+/// revalidation): the request's fields as [`request_headers`] forwards them, less its
+/// conditionals and range (the cache fetches the whole response, stores it, and answers
+/// those from it) and the fields of a body (a GET's body is not sent). These are what the
+/// origin sees, so these are what its `Vary` speaks of.
+pub fn fetch_headers(client: &HeaderMap) -> HeaderMap {
+    let mut h = request_headers(client);
+    for n in [IF_NONE_MATCH, IF_MODIFIED_SINCE, IF_RANGE, RANGE, CONTENT_LENGTH, TRANSFER_ENCODING] {
+        h.remove(n);
+    }
     h
 }

@@ -1,12 +1,13 @@
 //! A test origin whose answers a test scripts: for each path, a status, header fields, a body
-//! and a delay; it records every request it receives. HTTP/1.1 with keep-alive, one thread per
-//! connection, on loopback.
+//! and a delay; it records every request it receives (header values as the bytes sent), and
+//! can hold the answers to a path until the test releases them. HTTP/1.1 with keep-alive, one
+//! thread per connection, on loopback.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// One scripted answer.
@@ -40,13 +41,20 @@ impl Answer {
 pub struct Seen {
     pub method: String,
     pub target: String,
-    pub headers: Vec<(String, String)>,
+    /// Names and values as received (a value need not be UTF-8).
+    pub headers: Vec<(String, Vec<u8>)>,
     pub body: Vec<u8>,
 }
 
 impl Seen {
+    /// The first value of `name`, if it is UTF-8.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.header_bytes(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// The first value of `name`, as received.
+    pub fn header_bytes(&self, name: &str) -> Option<&[u8]> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_slice())
     }
 }
 
@@ -55,11 +63,18 @@ struct State {
     answers: HashMap<String, Answer>,
     seen: Vec<Seen>,
     connections: usize,
+    /// Targets whose answers wait for `Origin::release`.
+    held: HashSet<String>,
 }
+
+/// How long a held answer waits at most, so that a test that never releases still ends.
+const HOLD_LIMIT: Duration = Duration::from_secs(30);
 
 pub struct Origin {
     pub addr: SocketAddr,
     state: Arc<Mutex<State>>,
+    /// Signalled when a hold is released.
+    released: Arc<Condvar>,
     stop: Arc<AtomicBool>,
 }
 
@@ -68,8 +83,9 @@ impl Origin {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State::default()));
+        let released = Arc::new(Condvar::new());
         let stop = Arc::new(AtomicBool::new(false));
-        let (st, sp) = (state.clone(), stop.clone());
+        let (st, rel, sp) = (state.clone(), released.clone(), stop.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if sp.load(Ordering::Relaxed) {
@@ -77,11 +93,11 @@ impl Origin {
                 }
                 let Ok(conn) = conn else { continue };
                 st.lock().unwrap().connections += 1;
-                let (st, sp) = (st.clone(), sp.clone());
-                std::thread::spawn(move || serve(conn, st, sp));
+                let (st, rel, sp) = (st.clone(), rel.clone(), sp.clone());
+                std::thread::spawn(move || serve(conn, st, rel, sp));
             }
         });
-        Origin { addr, state, stop }
+        Origin { addr, state, released, stop }
     }
 
     pub fn url(&self) -> String {
@@ -91,6 +107,19 @@ impl Origin {
     /// Scripts the answer for `target` (path and query).
     pub fn set(&self, target: &str, a: Answer) {
         self.state.lock().unwrap().answers.insert(target.to_string(), a);
+    }
+
+    /// Holds the answers to `target`: a request for it is recorded (see `seen`) and then waits,
+    /// before its scripted answer is read, until `release` (at most 30 s). A test knows a
+    /// request reached the origin, and has it wait for as long as it needs, without sleeping.
+    pub fn hold(&self, target: &str) {
+        self.state.lock().unwrap().held.insert(target.to_string());
+    }
+
+    /// Lets the requests held for `target` be answered, with the answer scripted by then.
+    pub fn release(&self, target: &str) {
+        self.state.lock().unwrap().held.remove(target);
+        self.released.notify_all();
     }
 
     /// Requests received for `target`.
@@ -110,6 +139,8 @@ impl Origin {
     /// Stops answering: new connections are refused (the listener closes).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.state.lock().unwrap().held.clear();
+        self.released.notify_all();
         let _ = TcpStream::connect(self.addr); // wakes the accept loop
     }
 }
@@ -120,35 +151,37 @@ impl Drop for Origin {
     }
 }
 
-fn serve(conn: TcpStream, state: Arc<Mutex<State>>, stop: Arc<AtomicBool>) {
+fn serve(conn: TcpStream, state: Arc<Mutex<State>>, released: Arc<Condvar>, stop: Arc<AtomicBool>) {
     conn.set_read_timeout(Some(Duration::from_secs(30))).ok();
     let mut w = conn.try_clone().unwrap();
     let mut r = BufReader::new(conn);
     loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).unwrap_or(0) == 0 || stop.load(Ordering::Relaxed) {
+        let mut line = Vec::new();
+        if r.read_until(b'\n', &mut line).unwrap_or(0) == 0 || stop.load(Ordering::Relaxed) {
             return;
         }
+        let line = String::from_utf8_lossy(&line);
         let mut parts = line.split_whitespace();
         let (method, target) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
         let mut headers = Vec::new();
         loop {
-            let mut h = String::new();
-            if r.read_line(&mut h).unwrap_or(0) == 0 {
+            let mut h = Vec::new();
+            if r.read_until(b'\n', &mut h).unwrap_or(0) == 0 {
                 return;
             }
-            let h = h.trim_end();
+            let h = h.trim_ascii_end();
             if h.is_empty() {
                 break;
             }
-            if let Some((n, v)) = h.split_once(':') {
-                headers.push((n.trim().to_string(), v.trim().to_string()));
+            if let Some(colon) = h.iter().position(|&b| b == b':') {
+                let name = String::from_utf8_lossy(&h[..colon]).trim().to_string();
+                headers.push((name, h[colon + 1..].trim_ascii().to_vec()));
             }
         }
         let len = headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
-            .and_then(|(_, v)| v.parse::<usize>().ok())
+            .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<usize>().ok())
             .unwrap_or(0);
         let mut body = vec![0; len];
         if r.read_exact(&mut body).is_err() {
@@ -159,6 +192,14 @@ fn serve(conn: TcpStream, state: Arc<Mutex<State>>, stop: Arc<AtomicBool>) {
         let answer = {
             let mut s = state.lock().unwrap();
             s.seen.push(seen);
+            let deadline = std::time::Instant::now() + HOLD_LIMIT;
+            while s.held.contains(&target) {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                s = released.wait_timeout(s, left).unwrap().0;
+            }
             s.answers.get(&target).cloned()
         };
         let mut a = answer.unwrap_or_else(|| Answer::with(404, b"no such path\n", &[]));
