@@ -125,11 +125,12 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
         },
         b"metrics" => {
             let stats = stats(app).await;
-            if let Some(p) = &app.proxy {
+            if let Some(p) = crate::proxy::state() {
                 crate::proxy::render_metrics(&p.counters);
             }
             crate::guard::render_metrics(&app.policy);
-            let text = app.metrics.render(stats.as_ref(), &app.memcache);
+            crate::memcache::render_metrics();
+            let text = app.metrics.render(stats.as_ref());
             let mut r = Response::new(Body::full(Bytes::from(text)));
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
             r
@@ -182,7 +183,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
                 "punched_bytes": s.punched_bytes,
                 "allocated_bytes": s.allocated_bytes,
                 "degraded": s.degraded,
-                "memcache": memcache_stats(&app.memcache),
+                "memcache": memcache_stats(crate::memcache::counters()),
                 "refusals": crate::guard::refusals_json(&app.policy),
                 "deadline_closes": crate::guard::lates_json(&app.policy),
                 "dirs": s.dirs.iter().map(|d| serde_json::json!({

@@ -33,12 +33,6 @@ pub struct App {
     /// Streamed uploads being written: each holds a thread of the blocking pool while its body
     /// arrives, so their number is bounded ([`MAX_STREAMED_UPLOADS`]); more wait their turn.
     pub uploads: tokio::sync::Semaphore,
-    /// The memcached listener's counters (zero when it is off).
-    pub memcache: crate::memcache::Counters,
-    /// The memcached meta protocol's per-item state.
-    pub memcache_items: crate::memcache::Items,
-    /// Read-through mode (`--origin`), if on.
-    pub proxy: Option<crate::proxy::Proxy>,
 }
 
 /// Streamed uploads written at once: a quarter of the blocking pool's 512 threads, so that

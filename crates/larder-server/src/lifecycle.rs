@@ -71,10 +71,9 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         shutting_down: AtomicBool::new(false),
         body_budget: crate::guard::budget::Budget::new(settings.max_body_memory),
         uploads: tokio::sync::Semaphore::new(crate::app::MAX_STREAMED_UPLOADS),
-        memcache: crate::memcache::Counters::default(),
-        memcache_items: crate::memcache::Items::default(),
-        proxy: crate::proxy::Proxy::new(&settings)?,
     });
+    // After the metrics recorder is installed: the proxy takes its histogram's handle.
+    crate::proxy::start(&settings)?;
     // Recovery runs while the socket already answers (503 until ready).
     let (ready_tx, mut ready_rx) = tokio::sync::oneshot::channel::<Result<(), String>>();
     {

@@ -17,6 +17,7 @@ mod metrics;
 mod proxy;
 mod reply;
 mod routes;
+mod storeio;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;

@@ -93,14 +93,8 @@ impl Metrics {
 
     /// The Prometheus text exposition, with the engine's figures as of now (`None` while
     /// recovering).
-    pub fn render(&self, stats: Option<&Stats>, memcache: &crate::memcache::Counters) -> String {
+    pub fn render(&self, stats: Option<&Stats>) -> String {
         gauge!("larder_ready").set(if stats.is_some() { 1.0 } else { 0.0 });
-        for (command, outcome, n) in memcache.nonzero() {
-            counter!("larder_memcache_commands_total", "command" => command, "outcome" => outcome).absolute(n);
-        }
-        gauge!("larder_memcache_connections").set(memcache.curr_connections.load(Ordering::Relaxed) as f64);
-        counter!("larder_memcache_received_bytes_total").absolute(memcache.bytes_read.load(Ordering::Relaxed));
-        counter!("larder_memcache_sent_bytes_total").absolute(memcache.bytes_written.load(Ordering::Relaxed));
         counter!("larder_http_received_bytes_total").absolute(self.bytes_in.load(Ordering::Relaxed));
         counter!("larder_http_sent_bytes_total").absolute(self.bytes_out.load(Ordering::Relaxed));
         if let Some(s) = stats {

@@ -58,7 +58,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
         return text(StatusCode::URI_TOO_LONG, "URI too long\n");
     }
     // Read-through mode: everything outside larder's admin namespace goes to the proxy.
-    if app.proxy.is_some() && !req.uri().path().starts_with("/_larder/") {
+    if crate::proxy::state().is_some() && !req.uri().path().starts_with("/_larder/") {
         let mut req = req;
         // Safe methods read; any other is forwarded, and its success invalidates stored
         // responses: a write to the cache.

@@ -8,12 +8,12 @@
 //! answer echoes the opcode and opaque. Quiet variants answer only failures (and a quiet get
 //! not even a miss); `noop` flushes the answers of a batch of them.
 
-use super::exec::Outcome;
 use super::exec::{contended, expiry, keep, read_block, server_error, stream_value, swallow, ROUNDS};
+use super::stats::Outcome;
 use super::text::KEY_MAX;
-use super::{access, Conn, End};
-use crate::api::{blocking, read_body_of, Read};
+use super::{access, counters, Conn, End};
 use crate::guard::Refusal;
+use crate::storeio::{blocking, read_body_of, Read};
 use bytes::{Buf, BufMut};
 use larder_engine::{DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store};
 use std::time::Duration;
@@ -115,12 +115,12 @@ fn command_of(opcode: u8) -> usize {
         0x20..=0x22 => b"auth",
         _ => b"other",
     };
-    super::exec::command_index(name)
+    super::stats::command_index(name)
 }
 
 /// How a binary answer counts: its status read as the text protocol's outcome of the command.
 fn outcome(opcode: u8, status: u16) -> Outcome {
-    let name = super::exec::COMMANDS[command_of(opcode)];
+    let name = super::stats::COMMANDS[command_of(opcode)];
     match (status, name) {
         (OK, "get" | "gat" | "incr" | "decr") => Outcome::Hit,
         (NOT_FOUND, "get" | "gat" | "incr" | "decr") => Outcome::Miss,
@@ -170,7 +170,7 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
             let app = c.app.clone();
             // The policy first, before a byte of the body is held.
             if let Err(refusal) = access::admit_binary(c, opcode) {
-                c.app.memcache.count(command_of(opcode), Outcome::ClientError);
+                counters().count(command_of(opcode), Outcome::ClientError);
                 swallow(c, (HEADER + body_len) as u64).await?;
                 refuse(c, &h, refusal);
                 continue;
@@ -185,7 +185,7 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
             let most = store.config().chunk_size.min(store.config().max_value_size) as usize;
             let value_len = body_len.checked_sub(key_len + extras_len);
             if value_len.is_none_or(|v| v > most) || key_len > KEY_MAX {
-                c.app.memcache.count(command_of(opcode), Outcome::ClientError);
+                counters().count(command_of(opcode), Outcome::ClientError);
                 error(c, &h, if value_len.is_none() || key_len > KEY_MAX { INVALID } else { TOO_LARGE });
                 // Answered at once; the body is read past so the stream stays in step.
                 c.flush().await?;
@@ -197,7 +197,7 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
             let body = packet.slice(HEADER..);
             c.status = OK; // quiet answers write nothing when they succeed
             let quit = run(c, store, &h, &body).await?;
-            c.app.memcache.count(command_of(opcode), outcome(opcode, c.status));
+            counters().count(command_of(opcode), outcome(opcode, c.status));
             if quit {
                 return Err(End::Closed);
             }
@@ -257,7 +257,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                 return Ok(false);
             };
             let v = found.value().clone();
-            app.memcache_items.fetched(key, v.stored_ms);
+            c.listener.items.fetched(key, v.stored_ms);
             let k: &[u8] = if with_key { key } else { &[] };
             answer_head(c, h, OK, v.stored_ms, 4, k.len(), v.len as usize);
             c.out.put_u32(v.flags);
@@ -450,7 +450,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
         // stat: one packet per statistic, then an empty one
         0x10 => {
             let group: Vec<&[u8]> = if key.is_empty() { vec![] } else { vec![key] };
-            let text = super::exec::stats(c, store, &group).await;
+            let text = super::stats::stats(c, store, &group).await;
             for line in text.split("\r\n") {
                 let Some(rest) = line.strip_prefix("STAT ") else { continue };
                 let (name, val) = rest.split_once(' ').unwrap_or((rest, ""));

@@ -7,136 +7,16 @@
 //! value and write the new one on the condition that it is still the one read (and go round
 //! again if not); `flush_all` is the engine's flush, saved before it is answered.
 
+use super::stats::{command_index, stats, Outcome};
 use super::text::{self, Command, Parsed, StoreOp, LINE_MAX, REALTIME_MAXDELTA};
-use super::{access, Conn, End};
-use crate::api::{blocking, read_body_of, Read};
+use super::{access, counters, Conn, End};
 use crate::guard::Refusal;
+use crate::storeio::{blocking, read_body_of, Read};
 use bytes::Bytes;
 use larder_engine::{
     now_ms, DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store, Value,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-/// The commands counted apart.
-pub const COMMANDS: [&str; 28] = [
-    "get",
-    "gets",
-    "gat",
-    "gats",
-    "set",
-    "add",
-    "replace",
-    "append",
-    "prepend",
-    "cas",
-    "delete",
-    "incr",
-    "decr",
-    "touch",
-    "flush_all",
-    "stats",
-    "version",
-    "verbosity",
-    "quit",
-    "mn",
-    "mg",
-    "ms",
-    "md",
-    "ma",
-    "me",
-    "noop",
-    "auth",
-    "other",
-];
-/// The outcomes counted apart.
-pub const OUTCOMES: [&str; 11] = [
-    "hit",
-    "miss",
-    "stored",
-    "not_stored",
-    "exists",
-    "not_found",
-    "deleted",
-    "touched",
-    "ok",
-    "client_error",
-    "server_error",
-];
-
-#[derive(Clone, Copy)]
-pub(super) enum Outcome {
-    Hit,
-    Miss,
-    Stored,
-    NotStored,
-    Exists,
-    NotFound,
-    Deleted,
-    Touched,
-    Ok,
-    ClientError,
-    ServerError,
-}
-
-pub(super) fn command_index(name: &[u8]) -> usize {
-    COMMANDS.iter().position(|c| c.as_bytes() == name).unwrap_or(COMMANDS.len() - 1)
-}
-
-/// The memcached listener's counters: connections and bytes, and commands by outcome (one per
-/// key of a get). `/_larder/stats`, `/_larder/metrics` and memcached's own `stats` read them.
-pub struct Counters {
-    pub curr_connections: AtomicU64,
-    pub total_connections: AtomicU64,
-    pub rejected_connections: AtomicU64,
-    pub bytes_read: AtomicU64,
-    pub bytes_written: AtomicU64,
-    commands: [[AtomicU64; OUTCOMES.len()]; COMMANDS.len()],
-}
-
-impl Default for Counters {
-    fn default() -> Counters {
-        Counters {
-            curr_connections: AtomicU64::new(0),
-            total_connections: AtomicU64::new(0),
-            rejected_connections: AtomicU64::new(0),
-            bytes_read: AtomicU64::new(0),
-            bytes_written: AtomicU64::new(0),
-            commands: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
-        }
-    }
-}
-
-impl Counters {
-    pub(super) fn count(&self, command: usize, outcome: Outcome) {
-        self.commands[command][outcome as usize].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// How many `command`s ended in `outcome` (both by name).
-    pub fn get(&self, command: &str, outcome: &str) -> u64 {
-        let c = COMMANDS.iter().position(|&n| n == command);
-        let o = OUTCOMES.iter().position(|&n| n == outcome);
-        c.zip(o).map_or(0, |(c, o)| self.commands[c][o].load(Ordering::Relaxed))
-    }
-
-    /// Every (command, outcome, count) with a count above zero.
-    pub fn nonzero(&self) -> Vec<(&'static str, &'static str, u64)> {
-        let mut v = Vec::new();
-        for (c, row) in self.commands.iter().enumerate() {
-            for (o, n) in row.iter().enumerate() {
-                let n = n.load(Ordering::Relaxed);
-                if n > 0 {
-                    v.push((COMMANDS[c], OUTCOMES[o], n));
-                }
-            }
-        }
-        v
-    }
-
-    fn sum(&self, commands: &[&str], outcomes: &[&str]) -> u64 {
-        commands.iter().flat_map(|c| outcomes.iter().map(move |o| self.get(c, o))).sum()
-    }
-}
 
 /// Rounds a read-modify-write (append, incr, …) goes before it gives up on a key written
 /// faster than it can read and write it.
@@ -218,7 +98,7 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
                     let name = text.split(|&b| b == b' ').find(|w| !w.is_empty()).unwrap_or(b"");
                     let outcome =
                         if line.starts_with("CLIENT_ERROR") { Outcome::ClientError } else { Outcome::ServerError };
-                    c.app.memcache.count(command_index(name), outcome);
+                    counters().count(command_index(name), outcome);
                     if !noreply {
                         c.out.extend_from_slice(line.as_bytes());
                         c.out.extend_from_slice(b"\r\n");
@@ -234,7 +114,7 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
 
 async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
     let app = c.app.clone();
-    let m = &app.memcache;
+    let m = counters();
     if let Err(refusal) = access::admit_text(c, &cmd) {
         if access::is_login(c, &cmd, refusal) {
             let Command::Store { len, .. } = cmd else { unreachable!("a login is a set") };
@@ -356,7 +236,7 @@ fn data_block(cmd: &Command<'_>) -> Option<u64> {
 }
 
 /// The version larder answers `version` and `stats` with.
-fn version() -> String {
+pub(super) fn version() -> String {
     format!("larder-{}", env!("CARGO_PKG_VERSION"))
 }
 
@@ -374,7 +254,7 @@ fn reply(c: &mut Conn, command: usize, a: Answer, noreply: bool) {
         Answer::Owned(o, l) => (*o, l.as_bytes()),
         Answer::Sent(o) => (*o, &b""[..]),
     };
-    c.app.memcache.count(command, outcome);
+    counters().count(command, outcome);
     if !noreply {
         c.out.extend_from_slice(line);
     }
@@ -424,7 +304,7 @@ async fn get(c: &mut Conn, store: &Store, keys: &[&[u8]], cas: bool, touch: Opti
         let found = match read_body_of(&c.app, store, key, Part::Whole).await {
             Ok(f) => f,
             Err(e) => {
-                c.app.memcache.count(command, Outcome::ServerError);
+                counters().count(command, Outcome::ServerError);
                 c.out.extend_from_slice(server_error(&e).as_bytes());
                 return Ok(());
             }
@@ -438,7 +318,7 @@ async fn get(c: &mut Conn, store: &Store, keys: &[&[u8]], cas: bool, touch: Opti
                     Ok(Some(v)) if v == f.value().version() => Some(f),
                     Ok(_) => None, // written or deleted in between: a miss
                     Err(e) => {
-                        c.app.memcache.count(command, Outcome::ServerError);
+                        counters().count(command, Outcome::ServerError);
                         c.out.extend_from_slice(server_error(&e).as_bytes());
                         return Ok(());
                     }
@@ -447,11 +327,11 @@ async fn get(c: &mut Conn, store: &Store, keys: &[&[u8]], cas: bool, touch: Opti
             (found, _) => found,
         };
         let Some(found) = found else {
-            c.app.memcache.count(command, Outcome::Miss);
+            counters().count(command, Outcome::Miss);
             continue;
         };
-        c.app.memcache.count(command, Outcome::Hit);
-        c.app.memcache_items.fetched(key, found.value().stored_ms);
+        counters().count(command, Outcome::Hit);
+        c.listener.items.fetched(key, found.value().stored_ms);
         value_line(&mut c.out, key, found.value(), cas);
         match found {
             Read::Value(v) => c.out.value(v.data),
@@ -747,83 +627,4 @@ async fn arith(c: &Conn, key: &[u8], incr: bool, delta: u64) -> Answer {
         }
         Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
     }
-}
-
-/// `stats settings`: the settings of memcached's that larder has a counterpart of.
-fn settings(c: &Conn, store: &Store) -> String {
-    let cfg = store.config();
-    let s = &c.app.settings;
-    let lines = [
-        ("maxbytes", cfg.volume_size * cfg.volume_count as u64),
-        ("maxconns", s.max_connections as u64),
-        ("tcpport", s.memcache_listen.map_or(0, |a| a.port() as u64)),
-        ("item_size_max", cfg.max_value_size),
-        ("idle_timeout", s.idle_timeout.as_secs()),
-    ];
-    let mut out: String = lines.iter().map(|(k, v)| format!("STAT {k} {v}\r\n")).collect();
-    out.push_str("STAT evictions on\r\nSTAT cas_enabled yes\r\nSTAT flush_enabled yes\r\nEND\r\n");
-    out
-}
-
-/// `stats`: memcached's general statistics, under its field names, from the store and this
-/// listener's counters. `stats reset` and the detail groups larder has no counterpart for
-/// answer as memcached's do when empty.
-pub(super) async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
-    let m = &c.app.memcache;
-    m.count(command_index(b"stats"), Outcome::Ok);
-    match args.first().copied() {
-        None => {}
-        Some(b"reset") => return "RESET\r\n".into(),
-        Some(b"detail") => return "CLIENT_ERROR usage: stats detail on|off|dump\r\n".into(),
-        Some(b"settings") => return settings(c, store),
-        Some(b"items" | b"slabs" | b"sizes" | b"conns" | b"extstore") => return "END\r\n".into(),
-        Some(_) => return "ERROR\r\n".into(),
-    }
-    let Ok(s) = blocking(&c.app, |s| Ok(s.stats())).await else { return "SERVER_ERROR stats unavailable\r\n".into() };
-    let now = now_ms();
-    let gets = ["get", "gets", "gat", "gats"];
-    let mut out = String::new();
-    let mut stat = |name: &str, value: String| {
-        out.push_str("STAT ");
-        out.push_str(name);
-        out.push(' ');
-        out.push_str(&value);
-        out.push_str("\r\n");
-    };
-    stat("pid", std::process::id().to_string());
-    stat("uptime", c.app.started.elapsed().as_secs().to_string());
-    stat("time", (now / 1000).to_string());
-    stat("version", version());
-    stat("pointer_size", (8 * std::mem::size_of::<usize>()).to_string());
-    stat("max_connections", c.app.settings.max_connections.to_string());
-    stat("curr_connections", m.curr_connections.load(Ordering::Relaxed).to_string());
-    stat("total_connections", m.total_connections.load(Ordering::Relaxed).to_string());
-    stat("rejected_connections", m.rejected_connections.load(Ordering::Relaxed).to_string());
-    stat("cmd_get", m.sum(&gets, &["hit", "miss"]).to_string());
-    stat("cmd_set", m.sum(&["set", "add", "replace", "append", "prepend", "cas"], &OUTCOMES).to_string());
-    stat("cmd_flush", m.sum(&["flush_all"], &["ok"]).to_string());
-    stat("cmd_touch", m.sum(&["touch", "gat", "gats"], &["touched", "not_found", "hit", "miss"]).to_string());
-    stat("get_hits", m.sum(&gets, &["hit"]).to_string());
-    stat("get_misses", m.sum(&gets, &["miss"]).to_string());
-    stat("delete_misses", m.get("delete", "not_found").to_string());
-    stat("delete_hits", m.get("delete", "deleted").to_string());
-    stat("incr_misses", m.get("incr", "miss").to_string());
-    stat("incr_hits", m.get("incr", "hit").to_string());
-    stat("decr_misses", m.get("decr", "miss").to_string());
-    stat("decr_hits", m.get("decr", "hit").to_string());
-    stat("cas_misses", m.get("cas", "not_found").to_string());
-    stat("cas_hits", m.get("cas", "stored").to_string());
-    stat("cas_badval", m.get("cas", "exists").to_string());
-    stat("touch_hits", (m.get("touch", "touched") + m.sum(&["gat", "gats"], &["hit"])).to_string());
-    stat("touch_misses", (m.get("touch", "not_found") + m.sum(&["gat", "gats"], &["miss"])).to_string());
-    stat("bytes_read", m.bytes_read.load(Ordering::Relaxed).to_string());
-    stat("bytes_written", m.bytes_written.load(Ordering::Relaxed).to_string());
-    stat("limit_maxbytes", s.capacity_bytes.to_string());
-    stat("threads", std::thread::available_parallelism().map_or(1, |n| n.get()).to_string());
-    stat("bytes", s.bytes_used.to_string());
-    stat("curr_items", s.keys.to_string());
-    stat("total_items", s.puts.to_string());
-    stat("evictions", s.evicted_entries.to_string());
-    out.push_str("END\r\n");
-    out
 }

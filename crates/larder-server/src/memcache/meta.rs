@@ -13,24 +13,22 @@ use super::exec::{
     ROUNDS,
 };
 use super::text::{safe_strtol, safe_strtoul, safe_strtoull, KEY_MAX};
-use super::{Conn, End};
-use crate::api::{blocking, read_body_of, Read};
+use super::{mdma, Conn, End};
+use crate::storeio::{blocking, read_body_of, Read};
 use base64::Engine;
 use bytes::Bytes;
-use larder_engine::{
-    now_ms, DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store, Value,
-};
+use larder_engine::{now_ms, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store};
 use std::borrow::Cow;
 
 /// memcached's limit on a meta command's words.
-const MAX_WORDS: usize = 20;
-const MAX_OPAQUE: usize = 32;
+pub(super) const MAX_WORDS: usize = 20;
+pub(super) const MAX_OPAQUE: usize = 32;
 /// memcached bumps an item's last access at most this often (`ITEM_UPDATE_INTERVAL`).
 const BUMP_EVERY_MS: u64 = 60_000;
 
 /// What memcached keeps of an item in RAM, for the write (store time) it belongs to.
 #[derive(Clone, Copy)]
-struct ItemState {
+pub(super) struct ItemState {
     stored_ms: u64,
     bumped_ms: u64,
     fetched: bool,
@@ -86,24 +84,24 @@ impl Items {
 
 /// The flags of a meta command, read as memcached's `_meta_flag_preparse` reads them.
 #[derive(Default)]
-struct Flags {
-    key_binary: bool,
-    vivify: Option<i64>,
-    ttl: Option<i64>,
-    recache: Option<i64>,
-    value: bool,
-    no_update: bool,
-    quiet: bool,
-    stale: bool,
-    cas: Option<u64>,
-    client_flags: u32,
-    mode: Option<u8>,
-    delta: Option<u64>,
-    initial: u64,
+pub(super) struct Flags {
+    pub(super) key_binary: bool,
+    pub(super) vivify: Option<i64>,
+    pub(super) ttl: Option<i64>,
+    pub(super) recache: Option<i64>,
+    pub(super) value: bool,
+    pub(super) no_update: bool,
+    pub(super) quiet: bool,
+    pub(super) stale: bool,
+    pub(super) cas: Option<u64>,
+    pub(super) client_flags: u32,
+    pub(super) mode: Option<u8>,
+    pub(super) delta: Option<u64>,
+    pub(super) initial: u64,
 }
 
 /// Reads the flags from `words[start..]`, decoding the key in place when `b` is given.
-fn preparse(words: &[&[u8]], start: usize, key: &mut Cow<'_, [u8]>) -> Result<Flags, &'static str> {
+pub(super) fn preparse(words: &[&[u8]], start: usize, key: &mut Cow<'_, [u8]>) -> Result<Flags, &'static str> {
     let mut f = Flags::default();
     let mut seen = [false; 128];
     let mut error = None;
@@ -166,7 +164,7 @@ fn preparse(words: &[&[u8]], start: usize, key: &mut Cow<'_, [u8]>) -> Result<Fl
 }
 
 /// ` k<key>`, base64 and ` b` for a binary key.
-fn key_flag(out: &mut Vec<u8>, key: &[u8], binary: bool) {
+pub(super) fn key_flag(out: &mut Vec<u8>, key: &[u8], binary: bool) {
     out.extend_from_slice(b" k");
     if binary {
         out.extend_from_slice(base64::engine::general_purpose::STANDARD.encode(key).as_bytes());
@@ -177,7 +175,7 @@ fn key_flag(out: &mut Vec<u8>, key: &[u8], binary: bool) {
 }
 
 /// The ` O…` and ` k…` flags every meta answer echoes; `Err` for an opaque that is too long.
-fn echo(out: &mut Vec<u8>, words: &[&[u8]], key: &[u8], binary: bool) -> Result<(), &'static str> {
+pub(super) fn echo(out: &mut Vec<u8>, words: &[&[u8]], key: &[u8], binary: bool) -> Result<(), &'static str> {
     for w in words {
         match w[0] {
             b'O' if w.len() > MAX_OPAQUE => return Err("CLIENT_ERROR opaque token too long"),
@@ -192,13 +190,13 @@ fn echo(out: &mut Vec<u8>, words: &[&[u8]], key: &[u8], binary: bool) -> Result<
     Ok(())
 }
 
-fn error_line(c: &mut Conn, line: &str) {
+pub(super) fn error_line(c: &mut Conn, line: &str) {
     c.out.extend_from_slice(line.as_bytes());
     c.out.extend_from_slice(b"\r\n");
 }
 
 /// Seconds left before `expiry_ms` (memcached's `t`: -1 for none).
-fn ttl_left(expiry_ms: u64, now: u64) -> i64 {
+pub(super) fn ttl_left(expiry_ms: u64, now: u64) -> i64 {
     match expiry_ms {
         0 => -1,
         e => (e.saturating_sub(now)).div_ceil(1000) as i64,
@@ -215,8 +213,8 @@ pub(super) async fn run(c: &mut Conn, store: &Store, cmd: u8, words: &[&[u8]]) -
     match cmd {
         b'g' => mg(c, store, words).await,
         b's' => ms(c, store, words).await,
-        b'd' => md(c, words).await,
-        b'a' => ma(c, words).await,
+        b'd' => mdma::md(c, words).await,
+        b'a' => mdma::ma(c, words).await,
         _ => me(c, store, words).await,
     }
 }
@@ -285,7 +283,8 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     };
     let v = found.value().clone();
     let now = now_ms();
-    let items = &app.memcache_items;
+    let listener = c.listener.clone();
+    let items = &listener.items;
     let mut state = items.state(&key, v.stored_ms);
     let mut expiry_ms = v.expiry_ms;
     let mut new_ttl = None;
@@ -445,8 +444,8 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
         let r = match blocking(&app, move |s| ms_write(s, &put, data, mode, cas, cas_mode && stale)).await {
             Ok((new, Some(old))) => {
                 // A stale store keeps the win token of the value it replaced.
-                let was = app.memcache_items.state(&key, old);
-                app.memcache_items.set(&key, ItemState { stored_ms: new, ..was });
+                let was = c.listener.items.state(&key, old);
+                c.listener.items.set(&key, ItemState { stored_ms: new, ..was });
                 Ok(new)
             }
             r => r.map(|(new, _)| new),
@@ -543,234 +542,6 @@ fn ms_write(
     }
 }
 
-/// The key and flags of `md` or `ma`, or `None` once the error memcached gives is answered.
-fn delete_or_arith_flags<'w>(c: &mut Conn, words: &[&'w [u8]]) -> Option<(Cow<'w, [u8]>, Flags)> {
-    if words[1].len() > KEY_MAX {
-        error_line(c, "CLIENT_ERROR bad command line format");
-        return None;
-    }
-    if words.len() + 1 > MAX_WORDS {
-        error_line(c, "CLIENT_ERROR options flags too long");
-        return None;
-    }
-    let mut key = Cow::Borrowed(words[1]);
-    match preparse(words, 2, &mut key) {
-        Ok(f) => Some((key, f)),
-        Err(_) => {
-            error_line(c, "CLIENT_ERROR invalid or duplicate flag");
-            None
-        }
-    }
-}
-
-async fn md(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
-    let Some((key, f)) = delete_or_arith_flags(c, words) else { return Ok(()) };
-    let mut tail = Vec::new();
-    if let Err(e) = echo(&mut tail, &words[2..], &key, f.key_binary) {
-        error_line(c, e);
-        return Ok(());
-    }
-    let app = c.app.clone();
-    let k = key.to_vec();
-    let (cas, stale, ttl) = (f.cas, f.stale, f.ttl);
-    let r = blocking(&app, move |s| {
-        let Some(v) = s.get(&k, &ReadOptions { part: Part::Nothing, ..Default::default() })? else {
-            return Ok(&b"NF"[..]);
-        };
-        if cas.is_some_and(|c| c != v.stored_ms) {
-            return Ok(&b"EX"[..]);
-        }
-        let cond = [Precondition::StoredAt(v.stored_ms)];
-        if !stale {
-            return match s.delete(&k, &DeleteOptions { preconditions: &cond, ..Default::default() }) {
-                Ok(true) => Ok(&b"HD"[..]),
-                Ok(false) => Ok(&b"NF"[..]),
-                Err(e) if e.kind() == ErrorKind::PreconditionFailed => Ok(&b"EX"[..]),
-                Err(e) => Err(e),
-            };
-        }
-        // Invalidate: the value stays, marked stale, under a new cas (and TTL, if given).
-        let Some(mut r) = s.reader(&k, Part::Whole)? else { return Ok(&b"NF"[..]) };
-        let opts = PutOptions {
-            expiry: ttl.map_or(Expiry::of(v.expiry_ms), expiry),
-            flags: v.flags,
-            stale: true,
-            content_type: v.content_type.as_deref(),
-            attrs: v.attrs.as_deref(),
-            preconditions: &cond,
-            nonblocking: false,
-        };
-        let mut w = s.writer(&k, &opts)?;
-        while let Some(p) = r.next_piece()? {
-            w.write(&p)?;
-        }
-        match w.finish() {
-            Ok(_) => Ok(&b"HD"[..]),
-            Err(e) if e.kind() == ErrorKind::PreconditionFailed => Ok(&b"EX"[..]),
-            Err(e) => Err(e),
-        }
-    })
-    .await;
-    let code = match r {
-        Ok(code) => code,
-        Err(e) => {
-            c.out.extend_from_slice(server_error(&e).as_bytes());
-            return Ok(());
-        }
-    };
-    if code == b"HD" && f.quiet {
-        return Ok(());
-    }
-    c.out.extend_from_slice(code);
-    c.out.extend_from_slice(&tail);
-    c.out.extend_from_slice(b"\r\n");
-    Ok(())
-}
-
-async fn ma(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
-    let Some((key, f)) = delete_or_arith_flags(c, words) else { return Ok(()) };
-    let incr = match f.mode {
-        None | Some(b'I' | b'+') => true,
-        Some(b'D' | b'-') => false,
-        Some(_) => {
-            error_line(c, "CLIENT_ERROR invalid mode for ma M token");
-            return Ok(());
-        }
-    };
-    enum Done {
-        Number(u64, Value, bool),
-        NotFound,
-        Exists,
-        NotNumeric,
-    }
-    let app = c.app.clone();
-    let k = key.to_vec();
-    let (delta, cas, vivify, initial) = (f.delta.unwrap_or(1), f.cas, f.vivify, f.initial);
-    let r = blocking(&app, move |s| {
-        for _ in 0..ROUNDS {
-            let v = match s.get(&k, &ReadOptions::default()) {
-                Ok(Some(v)) => v,
-                Ok(None) => {
-                    let Some(t) = vivify else { return Ok(Done::NotFound) };
-                    let absent = [Precondition::Absent];
-                    let opts = PutOptions { expiry: expiry(t), preconditions: &absent, ..Default::default() };
-                    let text = initial.to_string();
-                    // Answered from what was written, not read back: with a TTL already past, the
-                    // value is expired at once, and a read would miss it.
-                    match s.put(&k, text.as_bytes(), &opts) {
-                        Ok(st) => {
-                            let now = now_ms();
-                            let v = Value {
-                                data: Bytes::from(text.into_bytes()),
-                                start: 0,
-                                len: st.version.len,
-                                crc: st.version.crc,
-                                content_type: None,
-                                attrs: None,
-                                position: st.position,
-                                stored_ms: st.version.stored_ms,
-                                expiry_ms: expiry(t).at_ms(now),
-                                flags: 0,
-                                stale: false,
-                                tier: larder_engine::Tier::Disk,
-                            };
-                            return Ok(Done::Number(initial, v, true));
-                        }
-                        Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::TooLarge => return Ok(Done::NotNumeric),
-                Err(e) => return Err(e),
-            };
-            if cas.is_some_and(|c| c != 0 && c != v.stored_ms) {
-                return Ok(Done::Exists);
-            }
-            let Some((n, bytes)) = super::text::apply_delta(&v.data, incr, delta) else { return Ok(Done::NotNumeric) };
-            let cond = [Precondition::StoredAt(v.stored_ms)];
-            let opts = keep(&v, &cond);
-            match s.put(&k, &bytes, &opts) {
-                Ok(stored) => {
-                    let v = Value { stored_ms: stored.version.stored_ms, ..v };
-                    return Ok(Done::Number(n, v, false));
-                }
-                Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(contended())
-    })
-    .await;
-    let mut out = Vec::new();
-    match r {
-        Err(e) => {
-            c.out.extend_from_slice(server_error(&e).as_bytes());
-            return Ok(());
-        }
-        Ok(Done::NotNumeric) => {
-            error_line(c, "CLIENT_ERROR cannot increment or decrement non-numeric value");
-            return Ok(());
-        }
-        Ok(done @ (Done::NotFound | Done::Exists)) => {
-            out.extend_from_slice(if matches!(done, Done::NotFound) { b"NF" } else { b"EX" });
-            if let Err(e) = echo(&mut out, &words[2..], &key, f.key_binary) {
-                error_line(c, e);
-                return Ok(());
-            }
-        }
-        Ok(Done::Number(number, v, created)) => {
-            if f.quiet {
-                return Ok(());
-            }
-            let text = number.to_string();
-            if f.value {
-                out.extend_from_slice(format!("VA {}", text.len()).as_bytes());
-            } else {
-                out.extend_from_slice(b"HD");
-            }
-            let now = now_ms();
-            let mut expiry_ms = v.expiry_ms;
-            let mut new_ttl = None;
-            for w in &words[2..] {
-                match w[0] {
-                    b'c' => out.extend_from_slice(format!(" c{}", v.stored_ms).as_bytes()),
-                    b't' => out.extend_from_slice(format!(" t{}", ttl_left(expiry_ms, now)).as_bytes()),
-                    b'T' => {
-                        let e = expiry(f.ttl.expect("parsed"));
-                        expiry_ms = e.at_ms(now);
-                        new_ttl = Some(e);
-                    }
-                    b'N' if created => {
-                        let e = expiry(f.vivify.expect("parsed"));
-                        expiry_ms = e.at_ms(now);
-                    }
-                    b'O' if w.len() > MAX_OPAQUE => {
-                        error_line(c, "CLIENT_ERROR opaque token too long");
-                        return Ok(());
-                    }
-                    b'O' => {
-                        out.push(b' ');
-                        out.extend_from_slice(w);
-                    }
-                    b'k' => key_flag(&mut out, &key, f.key_binary),
-                    _ => {}
-                }
-            }
-            if let Some(e) = new_ttl {
-                let k = key.to_vec();
-                let _ = blocking(&app, move |s| s.touch(&k, e)).await;
-            }
-            if f.value {
-                out.extend_from_slice(b"\r\n");
-                out.extend_from_slice(text.as_bytes());
-            }
-        }
-    }
-    out.extend_from_slice(b"\r\n");
-    c.out.extend_from_slice(&out);
-    Ok(())
-}
-
 async fn me(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     let n = words.len() + 1;
     if n < 3 || words[1].len() > KEY_MAX {
@@ -795,7 +566,7 @@ async fn me(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     };
     let v = found.value();
     let now = now_ms();
-    let state = app.memcache_items.state(&key, v.stored_ms);
+    let state = c.listener.items.state(&key, v.stored_ms);
     // memcached prints exptime as now minus expiry (negative while it lives).
     let exp = match v.expiry_ms {
         0 => -1,

@@ -9,7 +9,9 @@
 mod access;
 mod binary;
 mod exec;
+mod mdma;
 mod meta;
+mod stats;
 pub mod text;
 
 use crate::app::App;
@@ -26,8 +28,27 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 
-pub use exec::Counters;
-pub use meta::Items;
+use meta::Items;
+pub use stats::Counters;
+
+/// The listener's counters, copied into the metrics when scraped.
+pub fn render_metrics() {
+    use metrics::{counter, gauge};
+    let memcache = counters();
+    for (command, outcome, n) in memcache.nonzero() {
+        counter!("larder_memcache_commands_total", "command" => command, "outcome" => outcome).absolute(n);
+    }
+    gauge!("larder_memcache_connections").set(memcache.curr_connections.load(Ordering::Relaxed) as f64);
+    counter!("larder_memcache_received_bytes_total").absolute(memcache.bytes_read.load(Ordering::Relaxed));
+    counter!("larder_memcache_sent_bytes_total").absolute(memcache.bytes_written.load(Ordering::Relaxed));
+}
+
+/// The memcached listener's counters, process-wide: `/_larder/stats`, `/_larder/metrics` and
+/// memcached's own `stats` read them.
+pub fn counters() -> &'static Counters {
+    static COUNTERS: std::sync::LazyLock<Counters> = std::sync::LazyLock::new(Counters::default);
+    &COUNTERS
+}
 
 /// Answers are written once this much has gathered, even with more commands waiting: a
 /// pipelined batch of large gets holds no more than this.
@@ -65,6 +86,8 @@ impl Entry {
 /// One memcached listener and its connections.
 pub struct Listener {
     app: Arc<App>,
+    /// The meta protocol's per-item state.
+    items: Items,
     registry: Mutex<Registry>,
     epoch: Instant,
     /// Milliseconds since `epoch`, kept by the accept loop every [`CLOCK_TICK`]: connections
@@ -142,6 +165,7 @@ pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
 pub async fn run(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
     let l = Arc::new(Listener {
         app: app.clone(),
+        items: Items::default(),
         registry: Mutex::new(Registry::default()),
         epoch: Instant::now(),
         clock_ms: AtomicU64::new(0),
@@ -162,13 +186,13 @@ pub async fn run(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Rece
             _ = scan.tick(), if !idle.is_zero() => l.close_idle(idle),
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    app.memcache.total_connections.fetch_add(1, Ordering::Relaxed);
+                    counters().total_connections.fetch_add(1, Ordering::Relaxed);
                     match l.admit() {
                         Some((id, entry, close)) => {
                             conns.spawn(serve(l.clone(), stream, close, id, entry));
                         }
                         None => {
-                            app.memcache.rejected_connections.fetch_add(1, Ordering::Relaxed);
+                            counters().rejected_connections.fetch_add(1, Ordering::Relaxed);
                             conns.spawn(refuse(stream));
                         }
                     }
@@ -358,7 +382,7 @@ impl Conn {
                 if let Reading::Block { received, .. } = &mut self.reading {
                     *received += n as u64;
                 }
-                self.app.memcache.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+                counters().bytes_read.fetch_add(n as u64, Ordering::Relaxed);
                 self.entry.active_ms.store(self.listener.now_ms(), Ordering::Relaxed);
                 Ok(())
             }
@@ -414,7 +438,7 @@ impl Conn {
         let n = self.out.len();
         let idle = self.app.settings.idle_timeout;
         let ok = self.out.write_to(&mut self.stream, idle).await.is_ok();
-        self.app.memcache.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
+        counters().bytes_written.fetch_add(n as u64, Ordering::Relaxed);
         if ok {
             self.entry.active_ms.store(self.listener.now_ms(), Ordering::Relaxed);
             Ok(())
@@ -564,7 +588,7 @@ impl Out {
 async fn serve(l: Arc<Listener>, stream: TcpStream, close: oneshot::Receiver<()>, id: u64, entry: Arc<Entry>) {
     let _ = stream.set_nodelay(true);
     let app = l.app.clone();
-    app.memcache.curr_connections.fetch_add(1, Ordering::Relaxed);
+    counters().curr_connections.fetch_add(1, Ordering::Relaxed);
     let mut c = Conn {
         app: app.clone(),
         stream,
@@ -583,6 +607,6 @@ async fn serve(l: Arc<Listener>, stream: TcpStream, close: oneshot::Receiver<()>
     let _ = exec::session(&mut c).await;
     let _ = c.flush().await;
     let _ = c.stream.shutdown().await;
-    app.memcache.curr_connections.fetch_sub(1, Ordering::Relaxed);
+    counters().curr_connections.fetch_sub(1, Ordering::Relaxed);
     l.registry.lock().open.remove(&id);
 }

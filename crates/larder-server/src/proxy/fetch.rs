@@ -9,6 +9,7 @@ use super::lead::lead;
 use super::lookup::{lookup, selecting, Entry};
 use super::policy::{self, Use};
 use super::serve::{answer_headers, client_not_modified, not_modified, serve, serve_stale, stale_on_error};
+use super::state;
 use super::stored::Stored;
 use super::{origin, Proxy};
 use crate::app::App;
@@ -55,7 +56,7 @@ pub(super) fn plan(req: &Request<Incoming>, uri: Vec<u8>, key: Vec<u8>, stale: O
 
 /// Starts a background revalidation of a stale response, unless one of its key is under way.
 pub(super) fn revalidate_in_background(app: &Arc<App>, req: &Request<Incoming>, uri: &[u8], key: &[u8], e: &Entry) {
-    let p = app.proxy.as_ref().expect("read-through mode");
+    let p = state().expect("read-through mode");
     if p.flights.busy(key) {
         return;
     }
@@ -85,7 +86,7 @@ pub(super) async fn fetch(
     stale: Option<Entry>,
     share: Share,
 ) -> Resp {
-    let p = app.proxy.as_ref().expect("read-through mode");
+    let p = state().expect("read-through mode");
     let h = req.headers();
     let head = req.method() == Method::HEAD;
     let range = if head { None } else { crate::headers::range(h).map(|r| (r, h.get(IF_RANGE).cloned())) };
@@ -174,7 +175,7 @@ pub(super) async fn after_flight(
     key: Vec<u8>,
     stale: Option<Entry>,
 ) -> Resp {
-    let p = app.proxy.as_ref().expect("read-through mode");
+    let p = state().expect("read-through mode");
     let deadline = Instant::now() + p.lock_timeout;
     while p.flights.busy(&key) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -5,10 +5,11 @@
 
 use super::lookup::cache_key;
 use super::pass::pass;
+use super::state;
 use super::{effective_uri, Proxy};
-use crate::api;
 use crate::app::App;
 use crate::reply::{text, Resp};
+use crate::storeio;
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_LOCATION, LOCATION};
 use hyper::{Method, Request, StatusCode};
@@ -82,7 +83,9 @@ pub(super) async fn delete(app: &Arc<App>, store: &Store, key: Vec<u8>) -> bool 
     let quick = store.delete(&key, &larder_engine::DeleteOptions { nonblocking: true, ..Default::default() });
     match quick {
         Err(e) if e.kind() == larder_engine::ErrorKind::WouldBlock => {
-            api::blocking(app, move |s| s.delete(&key, &larder_engine::DeleteOptions::default())).await.unwrap_or(false)
+            storeio::blocking(app, move |s| s.delete(&key, &larder_engine::DeleteOptions::default()))
+                .await
+                .unwrap_or(false)
         }
         done => done.unwrap_or(false),
     }
@@ -91,7 +94,7 @@ pub(super) async fn delete(app: &Arc<App>, store: &Store, key: Vec<u8>) -> bool 
 /// `/_larder/purge?uri=HOST/PATH`: drops the stored response of a URI (all its variants), and
 /// keeps a fetch of it under way from storing what it fetched.
 pub async fn purge(app: &Arc<App>, query: Option<&str>) -> Resp {
-    let Some(p) = app.proxy.as_ref() else {
+    let Some(p) = state() else {
         return text(StatusCode::NOT_FOUND, "purge is for read-through mode (--origin)\n");
     };
     let Some(store) = app.store.get() else {

@@ -11,10 +11,11 @@ use super::lookup::{marker, selecting, variant_key, vary_names};
 use super::origin::{self, OriginError};
 use super::policy::{self, Times};
 use super::serve::if_range_holds;
+use super::state;
 use super::stored::{Kind, Stored};
 use super::{Proxy, PASS_FOR_MS, X_CACHE};
-use crate::api;
 use crate::app::App;
+use crate::storeio;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{
@@ -73,7 +74,7 @@ pub(super) fn storable_headers(resp: &HeaderMap, cc: &Directives) -> HeaderMap {
 
 /// A flight's leader: fetches from the origin, stores, and streams to the members.
 pub(super) async fn lead(app: Arc<App>, flight: Arc<flight::Flight>, mut plan: Plan, registered: bool) {
-    let p = app.proxy.as_ref().expect("read-through mode");
+    let p = state().expect("read-through mode");
     // However the leader ends (a panic included), its flight leaves the table and members not
     // yet answered are told, so nobody waits on it for ever.
     struct Ends<'a>(&'a Proxy, Vec<u8>, Arc<flight::Flight>, bool);
@@ -179,11 +180,11 @@ pub(super) async fn refresh(
     }
     let cc = Directives::of_response(&old.headers);
     old.headers = storable_headers(&old.headers, &cc);
-    let p = app.proxy.as_ref().expect("read-through mode");
+    let p = state().expect("read-through mode");
     let expiry = keep_until(&old, &cc, p.stale_if_error);
     let Some(attrs) = old.encode() else { return false };
     let key = key.to_vec();
-    let done = api::blocking(app, move |s| {
+    let done = storeio::blocking(app, move |s| {
         s.update(&key, &Touch { expiry, attrs: Some(Some(&attrs)), stored_at: Some(stored_ms) })
     })
     .await;
@@ -200,7 +201,7 @@ pub(super) async fn deliver(
     epoch: u64,
     registered: bool,
 ) {
-    let p = app.proxy.as_ref().expect("read-through mode");
+    let p = state().expect("read-through mode");
     let (parts, mut body) = resp.into_parts();
     let cc = Directives::of_response(&parts.headers);
     let req_cc = Directives::of(&plan.client);
@@ -448,7 +449,7 @@ impl Sink {
                 let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
                 let opts = PutOptions { expiry, attrs: Some(&attrs), nonblocking: true, ..PutOptions::default() };
                 match store.put_parts(&key, &slices, &opts) {
-                    Err(e) if e.kind() == larder_engine::ErrorKind::WouldBlock => api::blocking(app, move |s| {
+                    Err(e) if e.kind() == larder_engine::ErrorKind::WouldBlock => storeio::blocking(app, move |s| {
                         let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
                         let opts = PutOptions { expiry, attrs: Some(&attrs), ..PutOptions::default() };
                         s.put_parts(&key, &slices, &opts)

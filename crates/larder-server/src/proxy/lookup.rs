@@ -7,8 +7,8 @@
 use super::origin;
 use super::policy::Times;
 use super::stored::{Kind, Stored};
-use crate::api::{self, Read};
 use crate::app::App;
+use crate::storeio::{self, Read};
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, VARY};
 use hyper::StatusCode;
 use larder_engine::{Part, PutOptions, Store, MAX_KEY_LEN};
@@ -128,7 +128,7 @@ pub(super) async fn lookup(
 ) -> Option<Entry> {
     let mut key = key.to_vec();
     for _ in 0..2 {
-        let read = match api::read_body_of(app, store, &key, part).await {
+        let read = match storeio::read_body_of(app, store, &key, part).await {
             Ok(Some(r)) => r,
             Ok(None) => return None,
             Err(e) => {
@@ -160,7 +160,7 @@ pub(super) async fn lookup(
 /// one if there is none.
 pub(super) async fn marker(app: &Arc<App>, key: &[u8], uri: &[u8], names: &[HeaderName]) -> Option<u64> {
     let store = app.store.get().expect("store is ready");
-    if let Ok(Some(r)) = api::read_body_of(app, store, key, Part::Nothing).await {
+    if let Ok(Some(r)) = storeio::read_body_of(app, store, key, Part::Nothing).await {
         let v = r.value();
         if let Some(s) = v.attrs.as_deref().and_then(Stored::decode) {
             if s.kind == Kind::VaryMarker && s.uri == uri && vary_names(&s.headers) == names {
@@ -182,7 +182,7 @@ pub(super) async fn marker(app: &Arc<App>, key: &[u8], uri: &[u8], names: &[Head
     let attrs = m.encode()?;
     let key = key.to_vec();
     let put =
-        api::blocking(app, move |s| s.put(&key, b"", &PutOptions { attrs: Some(&attrs), ..PutOptions::default() }));
+        storeio::blocking(app, move |s| s.put(&key, b"", &PutOptions { attrs: Some(&attrs), ..PutOptions::default() }));
     put.await.ok().map(|st| st.version.stored_ms)
 }
 

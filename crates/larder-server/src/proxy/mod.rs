@@ -85,9 +85,25 @@ pub struct Proxy {
     origin_latency: metrics::Histogram,
 }
 
+/// The read-through mode's state, process-wide: set once at start when `--origin` is given.
+static STATE: std::sync::OnceLock<Proxy> = std::sync::OnceLock::new();
+
+/// Turns read-through mode on for the settings' origin, if they name one.
+pub fn start(s: &crate::config::Settings) -> Result<(), String> {
+    if let Some(p) = Proxy::new(s)? {
+        let _ = STATE.set(p);
+    }
+    Ok(())
+}
+
+/// The read-through mode's state, when it is on.
+pub fn state() -> Option<&'static Proxy> {
+    STATE.get()
+}
+
 impl Proxy {
     /// The proxy for the settings' origin.
-    pub fn new(s: &crate::config::Settings) -> Result<Option<Proxy>, String> {
+    fn new(s: &crate::config::Settings) -> Result<Option<Proxy>, String> {
         let Some(url) = &s.origin else { return Ok(None) };
         Ok(Some(Proxy {
             origin: Origin::new(url, s.origin_connect_timeout, s.origin_read_timeout)?,
@@ -126,7 +142,7 @@ pub(crate) fn effective_uri(req: &Request<Incoming>, origin: &Origin) -> Option<
 
 /// Handles a request in read-through mode.
 pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Resp {
-    let p = app.proxy.as_ref().expect("read-through mode");
+    let p = state().expect("read-through mode");
     let method = req.method().clone();
     if method != Method::GET && method != Method::HEAD {
         return invalidate::unsafe_method(app, p, req).await;

@@ -5,10 +5,11 @@
 use super::directives::Directives;
 use super::lookup::Entry;
 use super::origin;
+use super::state;
 use super::{policy, Proxy, X_CACHE};
-use crate::api;
 use crate::app::App;
 use crate::reply::{text, Body, Resp};
+use crate::storeio;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{
@@ -104,7 +105,7 @@ pub(super) async fn serve(
     // The read was of the range; a range that does not apply needs the whole body.
     if range.is_some() && ranged.is_none() {
         let stored_ms = e.value().stored_ms;
-        match api::read_body_of(app, store, &e.key, Part::Whole).await {
+        match storeio::read_body_of(app, store, &e.key, Part::Whole).await {
             Ok(Some(r)) if r.value().stored_ms == stored_ms => e.read = r,
             _ => return text(StatusCode::SERVICE_UNAVAILABLE, "the stored response changed while read; try again\n"),
         }
@@ -121,7 +122,7 @@ pub(super) async fn serve(
             }
         },
     };
-    let body = if head { Body::full(Bytes::new()) } else { api::body_of(app, None, e.read, body_len).await };
+    let body = if head { Body::full(Bytes::new()) } else { storeio::body_of(app, None, e.read, body_len).await };
     let mut r = Response::new(body);
     *r.status_mut() = status;
     answer_headers(&mut r, &e.stored.headers, age, x);
@@ -151,7 +152,7 @@ pub(super) fn stale_on_error(p: &Proxy, req: &Request<Incoming>, e: &Entry, disc
 }
 
 pub(super) async fn serve_stale(app: &Arc<App>, e: Entry, req: &Request<Incoming>) -> Resp {
-    let p = app.proxy.as_ref().expect("read-through mode");
+    let p = state().expect("read-through mode");
     p.counters.stale.fetch_add(1, Ordering::Relaxed);
     let age = policy::current_age(&e.stored.headers, e.stored.times, now_ms());
     let store = app.store.get().expect("store is ready");

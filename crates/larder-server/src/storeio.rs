@@ -1,0 +1,122 @@
+//! The store as the doors call it: inline when a call need not wait, else on the blocking
+//! pool, so that a cold disk or a writer lock never stalls the async workers; values read
+//! whole, or a large value's pieces streamed within the body budget.
+
+use crate::app::{App, Held, Holding};
+use crate::reply::Body;
+use larder_engine::{ErrorKind, Part, ReadOptions, Store, Value, ValueReader};
+use std::sync::Arc;
+
+/// Reads `part` of a value. Memory and page-cache hits are answered inline; a read that
+/// would wait for the device (or for another request's read of the same key, which it then
+/// shares) runs on the blocking pool, so a cold disk never stalls the async workers.
+pub(crate) async fn read(
+    app: &Arc<App>,
+    store: &Store,
+    key: &[u8],
+    part: Part,
+) -> larder_engine::Result<Option<Value>> {
+    match store.get(key, &ReadOptions { part, nonblocking: true }) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+            let key = key.to_vec();
+            blocking(app, move |store| store.get(&key, &ReadOptions { part, nonblocking: false })).await
+        }
+        found => found,
+    }
+}
+
+/// What a GET read: the bytes, in memory; or a large value's part longer than a chunk, to be
+/// streamed piece by piece, so that no more than about a chunk of it is ever in memory.
+pub(crate) enum Read {
+    Value(Value),
+    Pieces(ValueReader),
+}
+
+impl Read {
+    pub(crate) fn value(&self) -> &Value {
+        match self {
+            Read::Value(v) => v,
+            Read::Pieces(r) => r.value(),
+        }
+    }
+}
+
+/// [`read`] for a GET's body: memory and page-cache hits inline; on the blocking pool, a large
+/// value (longer than a chunk) comes back as a reader.
+pub(crate) async fn read_body_of(
+    app: &Arc<App>,
+    store: &Store,
+    key: &[u8],
+    part: Part,
+) -> larder_engine::Result<Option<Read>> {
+    let pieces = |key: Vec<u8>| blocking(app, move |store| Ok(store.reader(&key, part)?.map(Read::Pieces)));
+    match store.get(key, &ReadOptions { part, nonblocking: true }) {
+        Err(e) if e.kind() == ErrorKind::TooLarge => pieces(key.to_vec()).await,
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+            let k = key.to_vec();
+            match blocking(app, move |store| store.get(&k, &ReadOptions { part, nonblocking: false })).await {
+                Err(e) if e.kind() == ErrorKind::TooLarge => pieces(key.to_vec()).await,
+                found => found.map(|v| v.map(Read::Value)),
+            }
+        }
+        found => found.map(|v| v.map(Read::Value)),
+    }
+}
+
+/// The body of an answer carrying `len` bytes of what was read. A large value's pieces are
+/// read on the blocking pool, one task per piece, as the client takes them (one more waits in
+/// between): a slow client holds no thread. They are held within the body budget (two
+/// pieces), whose room is waited for before the answer starts, as a held request (`held`):
+/// the connection's idle timeout does not run meanwhile. A piece that fails ends the body with
+/// an error, which closes the connection.
+pub(crate) async fn body_of(app: &Arc<App>, held: Option<&Held>, read: Read, len: u64) -> Body {
+    match read {
+        Read::Value(v) => Body::full(v.data),
+        Read::Pieces(mut r) => {
+            let chunk = app.store.get().expect("store is ready before reads are routed").config().chunk_size;
+            let holding = Holding::new(held);
+            let room = app.body_budget.reserve_exact(len.min(2 * chunk)).await;
+            drop(holding);
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tokio::spawn(async move {
+                let _room = room;
+                loop {
+                    // Room for the piece first, so no piece is read for a client gone away.
+                    let Ok(permit) = tx.reserve().await else { break };
+                    let Ok((back, piece)) = tokio::task::spawn_blocking(move || {
+                        let piece = r.next_piece();
+                        (r, piece)
+                    })
+                    .await
+                    else {
+                        break;
+                    };
+                    r = back;
+                    match piece {
+                        Ok(Some(p)) => permit.send(Ok(p)),
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::error!(error = %e, "a large value failed while it was sent; the answer is cut short");
+                            permit.send(Err(e));
+                            break;
+                        }
+                    }
+                }
+            });
+            Body::Pieces { rx, left: len }
+        }
+    }
+}
+
+/// Runs a write that has to wait (for the writer lock, a ring rotation truncating a volume,
+/// or a group-commit fdatasync) on the blocking pool, so that it never stalls the async
+/// workers serving GETs. The common case runs inline, as a `nonblocking` put or delete.
+pub(crate) async fn blocking<T: Send + 'static>(
+    app: &Arc<App>,
+    f: impl FnOnce(&Store) -> larder_engine::Result<T> + Send + 'static,
+) -> larder_engine::Result<T> {
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || f(app.store.get().expect("store is ready before writes are routed")))
+        .await
+        .expect("store call panicked")
+}
