@@ -159,6 +159,55 @@ fn hostile_crowds_on_every_door_stay_within_the_budget_are_closed_by_their_deadl
 }
 
 #[test]
+fn a_body_trickled_through_the_proxy_is_cut_at_its_deadline_and_others_are_served() {
+    let o = common::origin::Origin::start();
+    o.set("/form", common::origin::Answer::ok(b"posted", &[]));
+    o.set("/page", common::origin::Answer::ok(b"page", &[("cache-control", "max-age=60")]));
+    let url = o.url();
+    let s = Server::start(&["--origin", &url, "--min-body-rate", "64KiB"]);
+    let started = Instant::now();
+    let statuses: Vec<String> = std::thread::scope(|scope| {
+        let crowd: Vec<_> = (0..20)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut c = TcpStream::connect(s.addr).unwrap();
+                    // Each wait for an answer is also the pause between two trickled bytes.
+                    c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+                    c.write_all(b"POST /form HTTP/1.1\r\nHost: example.org\r\nContent-Length: 100000\r\n\r\nx")
+                        .unwrap();
+                    let mut answer = [0u8; 64];
+                    let n = loop {
+                        match c.read(&mut answer) {
+                            Ok(n) => break n,
+                            Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                                if c.write_all(b"x").is_err() {
+                                    break 0;
+                                }
+                            }
+                            Err(_) => break 0,
+                        }
+                    };
+                    String::from_utf8_lossy(&answer[..n]).lines().next().unwrap_or("").to_string()
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(700));
+        let mut c = s.client();
+        let t = Instant::now();
+        let r = c.get("/page");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"page"[..]));
+        assert!(t.elapsed() < Duration::from_secs(2), "a GET meanwhile took {:?}", t.elapsed());
+        crowd.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let took = started.elapsed();
+    eprintln!("20 trickled POSTs through the proxy: {statuses:?} after {took:?}");
+    assert!(took < Duration::from_secs(15), "closed after {took:?}");
+    assert!(statuses.iter().all(|l| l.starts_with("HTTP/1.1 408")), "{statuses:?}");
+    assert_eq!(s.stats()["deadline_closes"]["proxy"]["body"], 20);
+    assert!(o.seen("/form").iter().all(|r| r.body.len() < 100_000), "no trickled body reached the origin whole");
+}
+
+#[test]
 fn declared_lengths_over_the_limit_are_answered_at_once_and_never_read() {
     let s = Server::start(&["--memcache-listen", "127.0.0.1:0", "--max-value-size", "1MiB"]);
     let mut m = TcpStream::connect(s.memcache.unwrap()).unwrap();

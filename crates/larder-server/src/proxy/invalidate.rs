@@ -26,7 +26,7 @@ pub(super) async fn unsafe_method(app: &Arc<App>, p: &Proxy, req: Request<Incomi
     };
     let host_len = uri.iter().position(|&b| b == b'/').unwrap_or(uri.len());
     let host = uri[..host_len].to_vec();
-    let r = pass(p, req).await;
+    let r = pass(app, p, req).await;
     if safe || !(r.status().is_success() || r.status().is_redirection()) {
         return r;
     }

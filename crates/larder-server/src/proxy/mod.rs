@@ -149,7 +149,7 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Resp {
     }
     let Some(store) = app.store.get() else {
         // While the store recovers, requests go straight to the origin.
-        return pass(p, req).await;
+        return pass(app, p, req).await;
     };
     let now = now_ms();
     let Some(uri) = effective_uri(&req, &p.origin) else {
@@ -163,7 +163,7 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Resp {
         if req_cc.only_if_cached {
             return text(StatusCode::GATEWAY_TIMEOUT, "the origin must judge this request (only-if-cached)\n");
         }
-        return pass(p, req).await;
+        return pass(app, p, req).await;
     }
     let pragma = policy::pragma_no_cache(h);
     let head = method == Method::HEAD;
@@ -206,7 +206,7 @@ pub async fn handle(app: &Arc<App>, req: Request<Incoming>) -> Resp {
     // A URI whose last response could not be stored goes to the origin as it is asked (its
     // range, its conditionals, HEAD), and its requests do not wait on each other.
     if p.passing(&key, now) {
-        return pass(p, req).await;
+        return pass(app, p, req).await;
     }
     fetch(app, req, uri, key, None, Share::Shared).await
 }
