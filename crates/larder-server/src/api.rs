@@ -4,7 +4,7 @@
 use crate::app::{App, Held, Holding};
 use crate::config::Settings;
 use crate::guard::budget::{Budget, Charge};
-use crate::guard::{Door, Unit};
+use crate::guard::{BodyClock, Door, Unit};
 use crate::headers;
 use crate::reply::{text, text_owned, Body, Resp};
 use crate::storeio::{blocking, body_of, read, read_body_of, Read};
@@ -198,8 +198,8 @@ async fn read_body(
 ) -> Result<Vec<Bytes>, BodyError> {
     let mut parts = Vec::new();
     let mut have = 0u64;
-    let start = tokio::time::Instant::now();
-    while let Some(frame) = next_frame(app, &mut body, start, have).await? {
+    let mut clock = BodyClock::new();
+    while let Some(frame) = next_frame(app, &mut body, &mut clock).await? {
         let Ok(data) = frame.map_err(BodyError::Broken)?.into_data() else { continue };
         have += data.len() as u64;
         if have > limit {
@@ -213,21 +213,26 @@ async fn read_body(
     Ok(parts)
 }
 
-/// The body's next frame, if it comes before the body's deadline: `received` bytes since
-/// `start` must have kept the minimum rate (`Policy::body_deadline`), however they trickle.
+/// The body's next frame, if it comes before the body's deadline: what arrived must have kept
+/// the minimum rate (`Policy::body_deadline`), however it trickles; the time the server took
+/// between two frames (room in the budget, the writer) does not count (`BodyClock`).
 async fn next_frame(
     app: &App,
     body: &mut Incoming,
-    start: tokio::time::Instant,
-    received: u64,
+    clock: &mut BodyClock,
 ) -> Result<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>, BodyError> {
-    match app.policy.body_deadline(received) {
-        None => Ok(body.frame().await),
-        Some(d) => tokio::time::timeout_at(start + d, body.frame()).await.map_err(|_| {
+    clock.resume();
+    let frame = match clock.deadline(&app.policy) {
+        None => body.frame().await,
+        Some(d) => tokio::time::timeout_at(d, body.frame()).await.map_err(|_| {
             app.policy.late(Door::Http, Unit::Body);
             BodyError::TooSlow
-        }),
+        })?,
+    };
+    if let Some(Ok(f)) = &frame {
+        clock.arrived(f.data_ref().map_or(0, |d| d.len() as u64));
     }
+    Ok(frame)
 }
 
 /// Charges a body that has `have` bytes in and is expected to need room for `expected` in
@@ -410,9 +415,9 @@ async fn put_streamed(
         Ok(None) // the upload stopped short: nothing is stored
     });
     let mut received = 0u64;
-    let start = tokio::time::Instant::now();
+    let mut clock = BodyClock::new();
     let sent: Result<(), Resp> = loop {
-        let frame = match next_frame(app, &mut body, start, received).await {
+        let frame = match next_frame(app, &mut body, &mut clock).await {
             Ok(f) => f,
             Err(_) => break Err(too_slow()),
         };

@@ -11,7 +11,7 @@ use crate::headers;
 use crate::key::{decode_key, RESERVED_PREFIX};
 use crate::reply::{method_not_allowed, text, Resp};
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, PROXY_AUTHORIZATION, WWW_AUTHENTICATE};
 use hyper::{Method, Request, StatusCode};
 use std::sync::Arc;
 use std::time::Instant;
@@ -66,14 +66,18 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
             Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE => Permission::Read,
             _ => Permission::Forward,
         };
-        match admit(app, Door::Proxy, req.headers(), what) {
-            Err(r) => return refused(r),
-            // larder's own token is not the origin's business (nor a reason not to store);
-            // any other credential is the origin's.
-            Ok(Identity::Token) if app.policy.needs_credentials() => {
-                req.headers_mut().remove(AUTHORIZATION);
-            }
-            Ok(_) => {}
+        let who = proxy_identity(app, req.headers());
+        if let Err(r) = app.policy.admit(Door::Proxy, Session::PerRequest, who, what) {
+            return refused(r);
+        }
+        // larder's own credential is not the origin's business (nor a reason not to store);
+        // any other is the origin's.
+        req.headers_mut().remove(PROXY_AUTHORIZATION);
+        let larders = app.policy.needs_credentials()
+            && bearer_of(req.headers().get(AUTHORIZATION))
+                .is_some_and(|b| app.policy.identify(Some(b)) == Identity::Token);
+        if larders {
+            req.headers_mut().remove(AUTHORIZATION);
         }
         return Box::pin(crate::proxy::handle(app, req)).await;
     }
@@ -136,24 +140,43 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
 /// HTTP's credential (`Authorization: Bearer <token>`) mapped onto an identity, and the
 /// policy asked.
 fn admit(app: &App, door: Door, headers: &HeaderMap, what: Permission) -> Result<Identity, Refusal> {
-    let given = headers.get(AUTHORIZATION).map(|v| v.as_bytes());
-    let bearer = given.map(|v| {
-        let bearer = v.iter().position(|&b| b == b' ').and_then(|at| {
-            let (scheme, rest) = v.split_at(at);
-            scheme.eq_ignore_ascii_case(b"bearer").then(|| rest.trim_ascii())
-        });
+    let given = headers.get(AUTHORIZATION).map(|v| {
         // A credential in another scheme, or none in this one, is a wrong credential.
-        bearer.unwrap_or(b"\0")
+        bearer_of(Some(v)).unwrap_or(b"\0")
     });
-    let who = app.policy.identify(bearer);
+    let who = app.policy.identify(given);
     app.policy.admit(door, Session::PerRequest, who, what).map(|()| who)
+}
+
+/// The token of a `Bearer` credential.
+fn bearer_of(v: Option<&HeaderValue>) -> Option<&[u8]> {
+    let v = v?.as_bytes();
+    let at = v.iter().position(|&b| b == b' ')?;
+    let (scheme, rest) = v.split_at(at);
+    scheme.eq_ignore_ascii_case(b"bearer").then(|| rest.trim_ascii())
+}
+
+/// The identity of a request to the read-through proxy. `Authorization` may be the origin's
+/// credential, so larder's is taken from `Proxy-Authorization: Bearer <token>` (what a
+/// gateway's own credential is for), else from `Authorization` only when it is larder's
+/// token; any other `Authorization` is the origin's and leaves the request anonymous.
+fn proxy_identity(app: &App, headers: &HeaderMap) -> Identity {
+    if let Some(v) = headers.get(PROXY_AUTHORIZATION) {
+        return app.policy.identify(Some(bearer_of(Some(v)).unwrap_or(b"\0")));
+    }
+    match bearer_of(headers.get(AUTHORIZATION)).map(|b| app.policy.identify(Some(b))) {
+        Some(Identity::Token) => Identity::Token,
+        _ => Identity::Anonymous,
+    }
 }
 
 /// A refusal in HTTP: 401 with a challenge, or 403 for read-only.
 fn refused(refusal: Refusal) -> Resp {
     let (msg, challenge) = match refusal {
         Refusal::ReadOnly => return text(StatusCode::FORBIDDEN, "this server is read-only\n"),
-        Refusal::Unauthenticated => ("this request needs Authorization: Bearer <token>\n", r#"Bearer realm="larder""#),
+        Refusal::Unauthenticated => {
+            ("this request needs Authorization: Bearer <token> (or Proxy-Authorization through the read-through proxy)\n", r#"Bearer realm="larder""#)
+        }
         Refusal::BadCredential => ("wrong bearer token\n", r#"Bearer realm="larder", error="invalid_token""#),
     };
     let mut r = text(StatusCode::UNAUTHORIZED, msg);

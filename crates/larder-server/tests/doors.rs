@@ -8,6 +8,7 @@ mod common;
 use common::mc::Mc;
 use common::origin::{Answer, Origin};
 use common::Server;
+use std::io::Write;
 use std::process::Command;
 
 const TOKEN: &str = "d00r-t0ken";
@@ -67,6 +68,14 @@ fn with_a_token_no_memcached_command_reads_writes_or_flushes_without_the_credent
     assert_eq!(b.binary(0x21, b"CRAM-MD5", &[], TOKEN.as_bytes()).0, AUTH_ERROR, "only PLAIN");
     assert_eq!(b.binary(0x04, b"victim", &[], &[]).0, AUTH_ERROR, "delete");
     assert_eq!(b.binary(0x0b, b"", &[], &[]).0, 0, "version is health");
+    // Before authenticating, nothing larger than a credential is held: a 2 KB body is refused
+    // at once and read past.
+    assert_eq!(b.binary(0x0a, b"", &[], &[b'x'; 2048]).0, 0x04, "a noop with a body");
+    assert_eq!(b.binary(0x0b, b"", &[], &[]).0, 0, "in step after it");
+    let long_get = format!("get {}", "k ".repeat(2000)); // no end yet
+    m.0.write_all(long_get.as_bytes()).unwrap();
+    assert!(m.closed(), "a line of keys past 2 KiB before the login closes the connection");
+    let mut m = Mc::connect(&s);
     assert_eq!(c.get("/victim").body, b"original", "nothing an anonymous client sent changed the value");
 
     // With the credential: the text login, then everything works.
@@ -186,6 +195,14 @@ fn the_proxy_forwards_unsafe_methods_and_purges_only_with_write_rights() {
     let post = o.seen("/page").into_iter().find(|r| r.method == "POST").expect("the POST reached the origin");
     assert_eq!(post.header("authorization"), None, "larder's token is not the origin's business");
     assert_eq!(c.get("/page").header("x-cache"), Some("MISS"), "invalidated by the POST");
+    // The origin's own credential goes through; larder's then comes in Proxy-Authorization.
+    let origin_auth = ("Authorization", "Basic b3JpZ2lu");
+    assert_eq!(c.request("PUT", "/page", &[origin_auth], b"x").status, 401, "the origin's credential is not larder's");
+    let proxy_auth = ("Proxy-Authorization", a.1.as_str());
+    assert_eq!(c.request("PUT", "/page", &[origin_auth, proxy_auth], b"x").status, 200);
+    let put = o.seen("/page").into_iter().find(|r| r.method == "PUT").expect("the PUT reached the origin");
+    assert_eq!(put.header("authorization"), Some("Basic b3JpZ2lu"));
+    assert_eq!(put.header("proxy-authorization"), None);
     // A credential that is not larder's token goes to the origin on reads.
     c.request("GET", "/page", &[("Authorization", "Basic b3JpZ2lu")], b"");
     let last = o.seen("/page").into_iter().last().unwrap();

@@ -207,6 +207,32 @@ fn a_body_trickled_through_the_proxy_is_cut_at_its_deadline_and_others_are_serve
     assert!(o.seen("/form").iter().all(|r| r.body.len() < 100_000), "no trickled body reached the origin whole");
 }
 
+/// A command's data block holds room in the budget; the next command of the same pipeline must
+/// not start out holding it (a get of a large value waits for room of its own: with the room
+/// of the set before it still held, a small budget would wait on itself forever).
+#[test]
+fn pipelined_commands_never_wait_on_the_room_of_the_one_before() {
+    let s = Server::start(&["--memcache-listen", "127.0.0.1:0", "--max-body-memory", "64KiB", "--chunk-size", "64KiB"]);
+    let big = common::bytes(3, 300_000);
+    assert_eq!(s.client().put("/big", &big).status, 200);
+    let mut m = TcpStream::connect(s.memcache.unwrap()).unwrap();
+    m.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut batch = b"set k 0 0 40000\r\n".to_vec();
+    batch.extend_from_slice(&[b'v'; 40000]);
+    batch.extend_from_slice(b"\r\nget big\r\n");
+    m.write_all(&batch).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    while !got.ends_with(b"END\r\n") {
+        let n = m.read(&mut buf).expect("answered, not stuck waiting for room");
+        assert!(n > 0, "closed");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let head = b"STORED\r\nVALUE big 0 300000\r\n";
+    assert!(got.starts_with(head));
+    assert_eq!(&got[head.len()..head.len() + big.len()], &big[..]);
+}
+
 #[test]
 fn declared_lengths_over_the_limit_are_answered_at_once_and_never_read() {
     let s = Server::start(&["--memcache-listen", "127.0.0.1:0", "--max-value-size", "1MiB"]);

@@ -111,6 +111,63 @@ pub const UNITS: [&str; 2] = ["head", "body"];
 /// connection's window to open and for a client to start sending.
 pub const BODY_GRACE: Duration = Duration::from_secs(5);
 
+/// The clock of one body or data block against its deadline. Only the client's time counts:
+/// from a piece's arrival until the server asks for the next one (waiting for room in the
+/// budget, for the writer, for an origin that reads slowly) the clock is paused, so
+/// backpressure never turns into a timeout.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyClock {
+    start: tokio::time::Instant,
+    received: u64,
+    paused_at: Option<tokio::time::Instant>,
+    polled: bool,
+}
+
+impl Default for BodyClock {
+    fn default() -> BodyClock {
+        BodyClock::new()
+    }
+}
+
+impl BodyClock {
+    /// A body whose first byte is awaited from now.
+    pub fn new() -> BodyClock {
+        BodyClock { start: tokio::time::Instant::now(), received: 0, paused_at: None, polled: false }
+    }
+
+    /// `n` more bytes arrived; the server's time runs from now until [`BodyClock::resume`].
+    pub fn arrived(&mut self, n: u64) {
+        self.received += n;
+        self.paused_at.get_or_insert_with(tokio::time::Instant::now);
+    }
+
+    /// The server asks for more: the time since the last arrival was its own.
+    pub fn resume(&mut self) {
+        if let Some(at) = self.paused_at.take() {
+            self.start += at.elapsed();
+        }
+    }
+
+    /// [`BodyClock::resume`] for a poll-driven body, on every poll: `true` the first time after
+    /// an arrival (and at the start), when the deadline has moved.
+    pub fn resume_at_poll(&mut self) -> bool {
+        let first = self.received == 0 && self.paused_at.is_none() && !self.polled;
+        self.polled = true;
+        let moved = self.paused_at.is_some();
+        self.resume();
+        moved || first
+    }
+
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// When the rest must have come, under `policy` (`None`: no minimum rate).
+    pub fn deadline(&self, policy: &Policy) -> Option<tokio::time::Instant> {
+        policy.body_deadline(self.received).map(|d| self.start + d)
+    }
+}
+
 /// The flags that decide access and time, and the counters of refusals and of clients closed
 /// for missing their deadlines.
 pub struct Policy {

@@ -17,7 +17,13 @@ use crate::guard::{Door, Identity, Permission, Refusal, Session};
 
 /// The longest credential block a `set` may carry before the connection is authenticated:
 /// an anonymous client is not read for long.
-const CREDENTIAL_MAX: i64 = 1024;
+pub(super) const CREDENTIAL_MAX: i64 = 1024;
+
+/// Whether the connection may make the server hold more than a credential's worth of input
+/// (a long line of keys, a binary body): authenticated, or no token configured.
+pub(super) fn may_hold(c: &Conn) -> bool {
+    c.who == Identity::Token || !c.app.policy.needs_credentials()
+}
 
 /// What a text or meta command asks for.
 pub(super) fn text_permission(cmd: &Command<'_>) -> Permission {

@@ -171,8 +171,19 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
             // The policy first, before a byte of the body is held.
             if let Err(refusal) = access::admit_binary(c, opcode) {
                 counters().count(command_of(opcode), Outcome::ClientError);
-                swallow(c, (HEADER + body_len) as u64).await?;
                 refuse(c, &h, refusal);
+                // Answered at once; the body is read past so the stream stays in step.
+                c.flush().await?;
+                swallow(c, (HEADER + body_len) as u64).await?;
+                continue;
+            }
+            // Before a connection authenticates, what it may send is small (a credential): it
+            // holds no room in the budget.
+            if !access::may_hold(c) && body_len > access::CREDENTIAL_MAX as usize {
+                counters().count(command_of(opcode), Outcome::ClientError);
+                error(c, &h, INVALID);
+                c.flush().await?;
+                swallow(c, (HEADER + body_len) as u64).await?;
                 continue;
             }
             let Some(store) = app.store.get() else {
@@ -198,6 +209,7 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
             c.status = OK; // quiet answers write nothing when they succeed
             let quit = run(c, store, &h, &body).await?;
             counters().count(command_of(opcode), outcome(opcode, c.status));
+            c.command_done();
             if quit {
                 return Err(End::Closed);
             }

@@ -79,7 +79,8 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
                 }
             }
             let Some(nl) = c.input[scanned..].iter().position(|&b| b == b'\n').map(|i| i + scanned) else {
-                if c.input.len() > LINE_MAX && !long_get(&c.input) {
+                // A long line of keys is for authenticated connections only.
+                if c.input.len() > LINE_MAX && !(long_get(&c.input) && access::may_hold(c)) {
                     return Err(End::Closed); // memcached closes a connection for a line this long
                 }
                 scanned = c.input.len();
@@ -93,7 +94,10 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
             let line = c.input.split_to(nl + 1).freeze();
             let text = line[..nl].strip_suffix(b"\r").unwrap_or(&line[..nl]);
             match text::parse(text) {
-                Parsed::Command(cmd) => run(c, cmd).await?,
+                Parsed::Command(cmd) => {
+                    run(c, cmd).await?;
+                    c.command_done();
+                }
                 Parsed::Error { line, noreply } => {
                     let name = text.split(|&b| b == b' ').find(|w| !w.is_empty()).unwrap_or(b"");
                     let outcome =

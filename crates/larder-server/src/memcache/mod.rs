@@ -16,7 +16,7 @@ pub mod text;
 
 use crate::app::App;
 use crate::guard::budget::{Charge, FREE_INPUT};
-use crate::guard::{Door, Unit};
+use crate::guard::{BodyClock, Door, Unit};
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -267,7 +267,7 @@ enum Reading {
     Line { until: Instant },
     /// A data block: at the minimum rate since `start` (see `Policy::body_deadline`); room
     /// for `whole` bytes of it once it has proven itself (`budget::PROVEN`).
-    Block { start: Instant, received: u64, whole: u64 },
+    Block { clock: BodyClock, whole: u64 },
 }
 
 impl Conn {
@@ -312,35 +312,33 @@ impl Conn {
             return Err(End::Closed);
         }
         self.input.reserve(16 << 10);
-        let deadline = self.deadline();
         // The buffer's growth is charged before it is filled: a line's without waiting (past
         // the heads' pool the client is refused, as memcached refuses one it cannot hold), a
-        // data block's waiting for room, within the block's deadline.
+        // data block's waiting for room, which is the server's time, not the block's.
         let over = (self.input.capacity() as u64).saturating_sub(FREE_INPUT);
-        match self.reading {
+        match &mut self.reading {
             _ if over == 0 => {}
-            Reading::Block { received, whole, .. } => {
-                let waits = !self.body_room.try_arrived(received, over);
-                let grow = self.body_room.grow_to(if waits { over.max(whole) } else { over });
-                let in_time = match deadline {
-                    Some(d) => tokio::time::timeout_at(d, grow).await.is_ok(),
-                    None => {
-                        grow.await;
-                        true
-                    }
-                };
-                if !in_time {
-                    return Err(self.late());
+            Reading::Block { clock, whole } => {
+                if !self.body_room.try_arrived(clock.received(), over) {
+                    clock.arrived(0); // the wait is the server's
+                    self.body_room.grow_to(over.max(*whole)).await;
                 }
             }
             _ => {
-                if !self.head_room.try_grow_to(over) {
+                // A line is charged for its bytes (a buffer left large by a data block is not
+                // the line's doing).
+                let line = (self.input.len() as u64 + (16 << 10)).saturating_sub(FREE_INPUT);
+                if !self.head_room.try_grow_to(line) {
                     self.out.extend_from_slice(b"SERVER_ERROR out of memory reading request\r\n");
                     let _ = self.flush().await;
                     return Err(End::Closed);
                 }
             }
         }
+        if let Reading::Block { clock, .. } = &mut self.reading {
+            clock.resume(); // what the server did since the last read was its own time
+        }
+        let deadline = self.deadline();
         let (stream, input, close) = (&mut self.stream, &mut self.input, &mut self.close);
         let got = if between {
             let asked = close.as_mut().expect("checked above");
@@ -379,8 +377,8 @@ impl Conn {
         };
         match got {
             Some(n) => {
-                if let Reading::Block { received, .. } = &mut self.reading {
-                    *received += n as u64;
+                if let Reading::Block { clock, .. } = &mut self.reading {
+                    clock.arrived(n as u64);
                 }
                 counters().bytes_read.fetch_add(n as u64, Ordering::Relaxed);
                 self.entry.active_ms.store(self.listener.now_ms(), Ordering::Relaxed);
@@ -390,13 +388,25 @@ impl Conn {
         }
     }
 
+    /// A command is done: the room its data block took goes back, and a buffer grown for it
+    /// is replaced by one sized for what is left (pipelined input), so that no command starts
+    /// out holding the budget for the one before it.
+    pub fn command_done(&mut self) {
+        if self.input.capacity() as u64 > FREE_INPUT && (self.input.len() as u64) < FREE_INPUT / 2 {
+            let rest = std::mem::replace(&mut self.input, BytesMut::with_capacity(16 << 10));
+            self.input.extend_from_slice(&rest);
+        }
+        self.body_room.shrink_to(0);
+        self.head_room.shrink_to((self.input.len() as u64).saturating_sub(FREE_INPUT));
+    }
+
     /// When the unit being read must be in, if one is under way.
     fn deadline(&self) -> Option<tokio::time::Instant> {
         let p = &self.app.policy;
         match self.reading {
             Reading::Between => None,
             Reading::Line { until } => Some(until.into()),
-            Reading::Block { start, received, .. } => p.body_deadline(received).map(|d| (start + d).into()),
+            Reading::Block { clock, .. } => clock.deadline(p),
         }
     }
 
@@ -421,7 +431,7 @@ impl Conn {
     /// A data block (or binary body) of `whole` bytes held in the input buffer is read from
     /// now (0: its bytes leave the buffer as they come).
     pub fn block_begins(&mut self, whole: u64) {
-        self.reading = Reading::Block { start: Instant::now(), received: 0, whole };
+        self.reading = Reading::Block { clock: BodyClock::new(), whole };
     }
 
     /// The line or block is in.

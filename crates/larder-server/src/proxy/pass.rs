@@ -6,7 +6,7 @@
 use super::origin::{self, OriginError};
 use super::{Proxy, X_CACHE};
 use crate::app::App;
-use crate::guard::{Door, Unit};
+use crate::guard::{BodyClock, Door, Unit};
 use crate::reply::{text, text_owned, Body, Resp};
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -99,8 +99,7 @@ pub(super) fn relay(p: &Proxy, r: Response<Incoming>, head: bool) -> Resp {
 pub struct Paced {
     inner: Incoming,
     app: Arc<App>,
-    start: tokio::time::Instant,
-    received: u64,
+    clock: BodyClock,
     timer: Pin<Box<tokio::time::Sleep>>,
     /// Set when the deadline passed, so that the answer can say why.
     late: Arc<AtomicBool>,
@@ -108,9 +107,8 @@ pub struct Paced {
 
 impl Paced {
     fn new(app: Arc<App>, inner: Incoming) -> Paced {
-        let start = tokio::time::Instant::now();
-        let first = app.policy.body_deadline(0).map_or(start + FAR, |d| start + d);
-        Paced { inner, app, start, received: 0, timer: Box::pin(tokio::time::sleep_until(first)), late: Arc::default() }
+        let timer = Box::pin(tokio::time::sleep(FAR));
+        Paced { inner, app, clock: BodyClock::new(), timer, late: Arc::default() }
     }
 }
 
@@ -126,14 +124,14 @@ impl hyper::body::Body for Paced {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
+        // Asked for more: the time since the last piece went to the origin was the origin's.
+        if this.clock.resume_at_poll() {
+            let d = this.clock.deadline(&this.app.policy).unwrap_or_else(|| tokio::time::Instant::now() + FAR);
+            this.timer.as_mut().reset(d);
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(f))) => {
-                if let Some(d) = f.data_ref() {
-                    this.received += d.len() as u64;
-                    if let Some(deadline) = this.app.policy.body_deadline(this.received) {
-                        this.timer.as_mut().reset(this.start + deadline);
-                    }
-                }
+                this.clock.arrived(f.data_ref().map_or(0, |d| d.len() as u64));
                 Poll::Ready(Some(Ok(f)))
             }
             Poll::Ready(other) => Poll::Ready(other.map(|r| r.map_err(Into::into))),
