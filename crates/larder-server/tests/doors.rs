@@ -39,7 +39,7 @@ fn with_a_token_no_memcached_command_reads_writes_or_flushes_without_the_credent
     // failed login, its data never stored.
     let mut m = Mc::connect(&s);
     assert_eq!(m.ask(b"get victim\r\n", "\r\n"), "CLIENT_ERROR unauthenticated\r\n");
-    assert_eq!(m.ask(b"set victim 0 0 8\r\nattacker\r\n", "\r\n"), "CLIENT_ERROR authentication failure\r\n");
+    assert_eq!(m.ask(b"set victim 0 0 8\r\nattacker\r\n", "\r\n"), "CLIENT_ERROR bad authentication token format\r\n");
     assert_eq!(m.ask(b"set victim 0 0 14\r\nuser wrong-one\r\n", "\r\n"), "CLIENT_ERROR authentication failure\r\n");
     for line in [
         "flush_all",

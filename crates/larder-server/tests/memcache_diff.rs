@@ -23,6 +23,10 @@ struct Memcached {
 
 impl Memcached {
     fn start() -> Memcached {
+        Memcached::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Memcached {
         let bin = "/usr/bin/memcached";
         assert!(
             std::path::Path::new(bin).exists(),
@@ -31,6 +35,7 @@ impl Memcached {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new(bin)
             .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-m", "64", "-t", "1", "-u", "nobody"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -446,6 +451,79 @@ fn the_text_protocol_answers_as_memcached_does() {
         }
     }
     assert!(diffs.is_empty(), "{} of the corpus's cases differ:\n{}", diffs.len(), diffs.join("\n"));
+}
+
+/// The text login as memcached does it with `-Y` (an authfile of `user:password` lines) and
+/// larder with `--auth-token`: one step at a time, each read to its end before the next goes.
+#[test]
+fn the_text_login_answers_as_memcached_with_an_authfile_does() {
+    const TOKEN: &str = "d1ff-t0ken";
+    let tmp = tempfile::tempdir().unwrap();
+    let authfile = tmp.path().join("authfile");
+    std::fs::write(&authfile, format!("larder:{TOKEN}\n")).unwrap();
+    // memcached reads it as the user it runs as.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&authfile, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let memcached = Memcached::start_with(&["-Y", authfile.to_str().unwrap()]);
+    let token_file = tmp.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let larder = Server::start(&["--memcache-listen", "127.0.0.1:0", "--auth-token", token_file.to_str().unwrap()]);
+    let login = |data: &str| format!("set x 0 0 {}\r\n{data}\r\n", data.len());
+    let cases: Vec<(&str, Vec<(String, &str)>)> = vec![
+        (
+            "anonymous commands",
+            ["get a", "gets a b", "delete a", "incr a 1", "touch a 1", "flush_all", "mg a v", "md a", "ma a", "stats"]
+                .iter()
+                .map(|l| (format!("{l}\r\n"), "\r\n"))
+                .collect(),
+        ),
+        ("a credential of one word", vec![(login("hello"), "\r\n"), ("get x\r\n".into(), "\r\n")]),
+        ("a wrong password", vec![(login("larder nope"), "\r\n"), ("get x\r\n".into(), "\r\n")]),
+        ("add is not a login", vec![(format!("add x 0 0 {}\r\nlarder {TOKEN}\r\n", TOKEN.len() + 7), "\r\n")]),
+        (
+            "a login, then everything",
+            vec![
+                (login(&format!("larder {TOKEN}")), "\r\n"),
+                ("set a 0 0 2\r\nhi\r\n".into(), "\r\n"),
+                ("get a x\r\n".into(), "END\r\n"),
+                ("delete a\r\n".into(), "\r\n"),
+                ("mn\r\n".into(), "\r\n"),
+            ],
+        ),
+        (
+            "spaces and a word more",
+            vec![(login(&format!("larder  {TOKEN} more")), "\r\n"), ("get a\r\n".into(), "END\r\n")],
+        ),
+        (
+            "a wrong password, then the right one",
+            vec![
+                (login("larder nope"), "\r\n"),
+                (login(&format!("larder {TOKEN}")), "\r\n"),
+                ("get a\r\n".into(), "END\r\n"),
+            ],
+        ),
+    ];
+    let run = |addr: SocketAddr, steps: &[(String, &str)]| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut out = Vec::new();
+        for (bytes, end) in steps {
+            s.write_all(bytes.as_bytes()).unwrap();
+            let mut answer = Vec::new();
+            read_until(&mut s, &mut answer, end.as_bytes());
+            out.push(String::from_utf8_lossy(&answer).into_owned());
+        }
+        out
+    };
+    let mut diffs = Vec::new();
+    for (name, steps) in &cases {
+        let (theirs, mine) = (run(memcached.addr, steps), run(larder.memcache.unwrap(), steps));
+        if theirs != mine {
+            diffs.push(format!("--- {name}\nmemcached: {theirs:?}\nlarder:    {mine:?}"));
+        }
+    }
+    assert!(diffs.is_empty(), "{} of {} cases differ:\n{}", diffs.len(), cases.len(), diffs.join("\n"));
 }
 
 /// A binary request of a case: opcode, extras, key, value, cas.

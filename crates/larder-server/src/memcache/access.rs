@@ -4,7 +4,9 @@
 //!
 //! - Text (and meta) commands: as memcached with `-Y`, a connection's first `set` carries the
 //!   credential as its data, `<user> <secret>`; `STORED` when the secret is larder's token,
-//!   `CLIENT_ERROR authentication failure` when not. Any user name is taken: larder has one
+//!   `CLIENT_ERROR authentication failure` when not (`… bad authentication token format`
+//!   when there is no second word), compared with memcached's answers in
+//!   `tests/memcache_diff.rs`. Any user name is taken: larder has one
 //!   secret, not an account table.
 //! - Binary: SASL `PLAIN` (what Dalli's `username:`/`password:` and libmemcached send), the
 //!   password being larder's token.
@@ -74,7 +76,14 @@ pub(super) async fn login(c: &mut Conn, len: i64) -> Result<(), End> {
     let len = len as usize;
     super::exec::read_block(c, len + 2).await?;
     let block = c.input.split_to(len + 2);
-    let secret = block[..len].splitn(2, |&b| b == b' ').nth(1).filter(|_| &block[len..] == b"\r\n");
+    // As memcached reads it: words split on spaces, the second the secret, any more ignored.
+    let mut words = block[..len].split(|&b| b == b' ').filter(|w| !w.is_empty());
+    let secret = words.nth(1).filter(|_| &block[len..] == b"\r\n");
+    if secret.is_none() && &block[len..] == b"\r\n" {
+        c.app.policy.count(Door::MemcacheText, Refusal::BadCredential);
+        c.out.extend_from_slice(b"CLIENT_ERROR bad authentication token format\r\n");
+        return Ok(());
+    }
     match c.app.policy.identify(secret) {
         Identity::Token if secret.is_some() => {
             c.who = Identity::Token;

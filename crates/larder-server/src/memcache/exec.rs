@@ -145,16 +145,9 @@ async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
     match cmd {
         Command::Get { keys, cas, touch } => get(c, store, &keys, cas, touch).await,
         Command::Store { op, key, flags, exptime, len, cas, noreply } => {
+            let name = cmd.name();
             let r = store_cmd(c, store, op, key, flags, exptime, len as u64, cas).await?;
-            let name = match op {
-                StoreOp::Set => "set",
-                StoreOp::Add => "add",
-                StoreOp::Replace => "replace",
-                StoreOp::Append => "append",
-                StoreOp::Prepend => "prepend",
-                StoreOp::Cas => "cas",
-            };
-            reply(c, command_index(name.as_bytes()), r, noreply);
+            reply(c, command_index(name), r, noreply);
             Ok(())
         }
         Command::Delete { key, noreply } => {
