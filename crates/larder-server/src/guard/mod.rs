@@ -151,11 +151,10 @@ impl BodyClock {
     /// [`BodyClock::resume`] for a poll-driven body, on every poll: `true` the first time after
     /// an arrival (and at the start), when the deadline has moved.
     pub fn resume_at_poll(&mut self) -> bool {
-        let first = self.received == 0 && self.paused_at.is_none() && !self.polled;
+        let moved = !self.polled || self.paused_at.is_some();
         self.polled = true;
-        let moved = self.paused_at.is_some();
         self.resume();
-        moved || first
+        moved
     }
 
     pub fn received(&self) -> u64 {
@@ -409,6 +408,25 @@ mod tests {
         assert_eq!(p.decide(PerRequest, Token, Write), Err(Refusal::ReadOnly));
         assert_eq!(p.decide(PerRequest, Anonymous, Write), Err(Refusal::Unauthenticated));
         assert_eq!(p.decide(PerConnection, Token, Read), Ok(()));
+    }
+
+    #[test]
+    fn a_body_clock_counts_the_clients_time_only() {
+        let p = policy(false, false, false); // 64 KiB/s after the grace
+        let mut c = super::BodyClock::new();
+        let first = c.deadline(&p).unwrap();
+        assert!(c.resume_at_poll(), "the first poll sets the deadline");
+        assert!(!c.resume_at_poll(), "waiting polls leave it");
+        c.arrived(64 << 10);
+        // The server takes its time before asking for more: the deadline moves with it.
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(c.resume_at_poll());
+        let later = c.deadline(&p).unwrap();
+        let moved = later - first;
+        assert!(moved >= Duration::from_millis(1050), "a second for 64 KiB, plus the server's 50 ms: {moved:?}");
+        // The client's own time is not forgiven.
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(c.deadline(&p).unwrap(), later);
     }
 
     #[test]
