@@ -366,11 +366,12 @@ pub fn parse_delta(s: &str) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use hyper::header::{HeaderName, HeaderValue};
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    /// Header fields from name/value pairs, in order (the policy's tests use it too).
+    pub(in crate::proxy) fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (n, v) in pairs {
             h.append(HeaderName::from_bytes(n.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());

@@ -239,17 +239,9 @@ pub fn pragma_no_cache(req: &HeaderMap) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::directives::tests::headers;
     use super::super::directives::MAX_DELTA;
     use super::*;
-    use hyper::header::HeaderValue;
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (n, v) in pairs {
-            h.append(HeaderName::from_bytes(n.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
 
     #[test]
     fn freshness_from_each_source_in_order() {
