@@ -46,6 +46,24 @@ fn dalli_works_unchanged_over_the_binary_protocol() {
     assert!(said.contains("all checks passed"), "{said}");
 }
 
+/// libmemcached reads the version as memcached's own major.minor.micro and refuses a major of 0:
+/// its health check and its stats tool work against larder as against memcached.
+#[test]
+fn memcping_and_memcstat_read_the_version_as_memcached_s() {
+    let s = server(&[]);
+    let servers = format!("--servers={}", s.memcache.unwrap());
+    let ping = Command::new("memcping").arg(&servers).output().expect("memcping (libmemcached-tools)");
+    assert!(ping.status.success(), "{}", String::from_utf8_lossy(&ping.stderr));
+    let stat = Command::new("memcstat").arg(&servers).output().expect("memcstat");
+    assert!(stat.status.success(), "{}", String::from_utf8_lossy(&stat.stderr));
+    let out = String::from_utf8_lossy(&stat.stdout);
+    let want = format!("version: 1.6.18-larder-{}", env!("CARGO_PKG_VERSION"));
+    assert!(out.contains(&want), "{out}");
+    assert!(out.contains("curr_items: 0"), "{out}");
+    let mut m = Mc::connect(&s);
+    assert_eq!(m.ask(b"version\r\n", "\r\n"), format!("VERSION 1.6.18-larder-{}\r\n", env!("CARGO_PKG_VERSION")));
+}
+
 #[test]
 fn memccp_and_memccat_copy_files_in_and_out_byte_for_byte() {
     let s = server(&[]);

@@ -424,7 +424,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             Err(()) => answer(c, h, AUTH_ERROR, 0, &[], &[], b"Auth failure."),
         },
         0x0a => answer(c, h, OK, 0, &[], &[], &[]),
-        0x0b => answer(c, h, OK, 0, &[], &[], format!("larder-{}", env!("CARGO_PKG_VERSION")).as_bytes()),
+        0x0b => answer(c, h, OK, 0, &[], &[], super::exec::version().as_bytes()),
         // append, prepend and their quiet forms
         0x0e | 0x0f | 0x19 | 0x1a => {
             if !extras.is_empty() || key.is_empty() {

@@ -232,10 +232,15 @@ fn data_block(cmd: &Command<'_>) -> Option<u64> {
     len.filter(|&l| l >= 0).map(|l| l as u64)
 }
 
-/// The version larder answers `version` and `stats` with.
+/// The version larder answers `version` and `stats` with: the memcached protocol level it
+/// answers as first, as memcached's own number (libmemcached's tools read a major.minor.micro
+/// there and refuse a major of 0), then larder's own.
 pub(super) fn version() -> String {
-    format!("larder-{}", env!("CARGO_PKG_VERSION"))
+    format!("{MEMCACHED_LEVEL}-larder-{}", env!("CARGO_PKG_VERSION"))
 }
+
+/// The memcached release whose answers larder's are compared with (tests/memcache_diff.rs).
+const MEMCACHED_LEVEL: &str = "1.6.18";
 
 /// An answer line and how it counts.
 enum Answer {
