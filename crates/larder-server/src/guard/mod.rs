@@ -212,16 +212,7 @@ impl Policy {
 
     /// Every (door, unit, count) of clients closed for their deadline, counts above zero.
     pub fn lates(&self) -> Vec<(&'static str, &'static str, u64)> {
-        let mut v = Vec::new();
-        for (d, row) in self.late.iter().enumerate() {
-            for (u, n) in row.iter().enumerate() {
-                let n = n.load(Ordering::Relaxed);
-                if n > 0 {
-                    v.push((DOORS[d], UNITS[u], n));
-                }
-            }
-        }
-        v
+        nonzero(&self.late, &UNITS)
     }
 
     /// Whether a token is configured (a door that must ask for a credential asks).
@@ -285,17 +276,35 @@ impl Policy {
 
     /// Every (door, reason, count) with a count above zero.
     pub fn refusals(&self) -> Vec<(&'static str, &'static str, u64)> {
-        let mut v = Vec::new();
-        for (d, row) in self.refused.iter().enumerate() {
-            for (r, n) in row.iter().enumerate() {
-                let n = n.load(Ordering::Relaxed);
-                if n > 0 {
-                    v.push((DOORS[d], REFUSALS[r], n));
-                }
+        nonzero(&self.refused, &REFUSALS)
+    }
+}
+
+/// The counts above zero of a door × `names` table, with their names.
+fn nonzero<const N: usize>(
+    table: &[[AtomicU64; N]],
+    names: &[&'static str; N],
+) -> Vec<(&'static str, &'static str, u64)> {
+    let mut v = Vec::new();
+    for (d, row) in table.iter().enumerate() {
+        for (i, n) in row.iter().enumerate() {
+            let n = n.load(Ordering::Relaxed);
+            if n > 0 {
+                v.push((DOORS[d], names[i], n));
             }
         }
-        v
     }
+    v
+}
+
+/// Door × name counts as `{"door": {"name": n}, …}`.
+fn by_door_json(counts: Vec<(&'static str, &'static str, u64)>) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (door, name, n) in counts {
+        let e = m.entry(door).or_insert_with(|| serde_json::json!({}));
+        e[name] = n.into();
+    }
+    serde_json::Value::Object(m)
 }
 
 /// The refusals, copied into the metrics when scraped.
@@ -310,22 +319,12 @@ pub fn render_metrics(p: &Policy) {
 
 /// The refusals for `/_larder/stats`: `{"memcache_text": {"unauthenticated": 2}, …}`.
 pub fn refusals_json(p: &Policy) -> serde_json::Value {
-    let mut m = serde_json::Map::new();
-    for (door, reason, n) in p.refusals() {
-        let e = m.entry(door).or_insert_with(|| serde_json::json!({}));
-        e[reason] = n.into();
-    }
-    serde_json::Value::Object(m)
+    by_door_json(p.refusals())
 }
 
 /// Clients closed for missing a deadline, for `/_larder/stats`: `{"http": {"body": 1}, …}`.
 pub fn lates_json(p: &Policy) -> serde_json::Value {
-    let mut m = serde_json::Map::new();
-    for (door, unit, n) in p.lates() {
-        let e = m.entry(door).or_insert_with(|| serde_json::json!({}));
-        e[unit] = n.into();
-    }
-    serde_json::Value::Object(m)
+    by_door_json(p.lates())
 }
 
 /// Flag combinations that cannot be honoured, refused at start with one line naming the
