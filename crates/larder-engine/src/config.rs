@@ -41,6 +41,39 @@ pub struct StoreConfig {
     pub reinsert_min_hits: u8,
     /// Most bytes reinsertion copies per ring step, as a share of a volume.
     pub reinsert_share: f64,
+    /// Writes of the keys it selects live at most this long, whatever expiry they ask for
+    /// (a cluster node caps the keys it does not own); counted in `Stats::capped_writes`.
+    pub expiry_cap: Option<ExpiryCap>,
+}
+
+/// A bound on the life of the values of some keys: [`StoreConfig::expiry_cap`].
+#[derive(Clone)]
+pub struct ExpiryCap {
+    /// The longest life a capped write gets.
+    pub most: Duration,
+    /// Whether the writes of a key are capped. Called on every put and touch: keep it cheap.
+    pub applies: KeyTest,
+}
+
+/// A test of keys, shared: [`ExpiryCap::applies`].
+pub type KeyTest = std::sync::Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
+impl std::fmt::Debug for ExpiryCap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExpiryCap").field("most", &self.most).finish_non_exhaustive()
+    }
+}
+
+impl ExpiryCap {
+    /// The expiry time (ms, 0 = never) a write of `key` at clock time `now` gets when it asks
+    /// for `expiry_ms`, and whether the cap shortened it.
+    pub fn apply(&self, key: &[u8], expiry_ms: u64, now: u64) -> (u64, bool) {
+        let most = now.max(1).saturating_add(self.most.as_millis() as u64);
+        match expiry_ms {
+            e if (e == 0 || e > most) && (self.applies)(key) => (most, true),
+            e => (e, false),
+        }
+    }
 }
 
 impl StoreConfig {
@@ -57,6 +90,7 @@ impl StoreConfig {
             memory: MemoryConfig::default(),
             reinsert_min_hits: 1,
             reinsert_share: 0.2,
+            expiry_cap: None,
         }
     }
 }

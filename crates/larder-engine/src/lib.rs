@@ -46,13 +46,13 @@ mod store;
 pub mod check;
 
 pub use clock::now_ms;
-pub use config::{Eviction, FsyncPolicy, MemoryConfig, StoreConfig, MIN_VOLUME_SIZE};
+pub use config::{Eviction, ExpiryCap, FsyncPolicy, MemoryConfig, StoreConfig, MIN_VOLUME_SIZE};
 pub use error::{Error, ErrorKind, Result};
 pub use format::meta::{MAX_ATTRS, MAX_CONTENT_TYPE};
 pub use format::record::MAX_KEY_LEN;
 pub use io::{faults, FileIo};
 pub use stats::{DirState, DirStats, RecoveryProgress, RecoveryReport, Stats};
-pub use store::{Store, ValueReader, ValueWriter};
+pub use store::{KeyInfo, Store, ValueReader, ValueWriter};
 pub use types::{
     unmet, ByteRange, DeleteOptions, Expiry, Part, Position, Precondition, PutOptions, ReadOptions, Stored, Tier,
     Touch, Value, Version,

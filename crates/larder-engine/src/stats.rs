@@ -75,6 +75,8 @@ pub struct Stats {
     pub read_failures: u64,
     /// Bytes of dead large values' chunks given back to the file system (holes punched).
     pub punched_bytes: u64,
+    /// Writes (puts and touches) whose expiry `StoreConfig::expiry_cap` shortened.
+    pub capped_writes: u64,
     /// Bytes of disk the volume files occupy (less than `bytes_used` where holes were punched).
     pub allocated_bytes: u64,
     /// What the last recovery found.
@@ -149,6 +151,7 @@ pub(crate) struct Counters {
     pub sync_failures: AtomicU64,
     pub read_failures: AtomicU64,
     pub punched_bytes: AtomicU64,
+    pub capped_writes: AtomicU64,
 }
 
 /// Figures from a recovery, reported in stats.
@@ -180,6 +183,11 @@ pub struct RecoveryReport {
     pub truncated_bytes: u64,
     /// Wall time of the recovery in milliseconds.
     pub millis: u64,
+    /// How long the store was down before this open, in milliseconds: from the last alive
+    /// stamp its directories hold (renewed about every second while open) to the end of the
+    /// recovery. `None` when unknown: no directory had a sound stamp (a new store, or one
+    /// last open before stamps existed), or the stamp is ahead of the clock.
+    pub down_ms: Option<u64>,
 }
 
 /// How far a recovery in progress has come, updated as it goes (every 65,536 records), so

@@ -5,6 +5,7 @@
 //! `bytes::BufMut` and read back in the same order with `bytes::Buf`, little-endian, reserved
 //! bytes written as zeros and skipped by count; a decoder checks lengths before it reads.
 
+pub mod alive;
 pub mod dir_id;
 pub mod flush;
 pub mod hint;

@@ -1,7 +1,8 @@
 //! Background work, on one thread of low priority: hint files for sealed volumes, sweeping
 //! the index of entries whose volume the ring reused, reinsertion, manifest updates; and,
-//! with `FsyncPolicy::Every`, the syncer thread.
+//! with `FsyncPolicy::Every`, the syncer thread; and the alive stamp's thread.
 
+pub(crate) mod alive;
 mod hint;
 mod reinsert;
 

@@ -8,11 +8,13 @@
 //! Durability: `FsyncPolicy::Always` makes each put and delete wait for an fdatasync that
 //! covers it; concurrent writers share one fdatasync (group commit).
 
+mod keys;
 mod open;
 mod read;
 mod stream;
 mod write;
 
+pub use keys::KeyInfo;
 pub use stream::{ValueReader, ValueWriter};
 
 use crate::config::StoreConfig;
@@ -50,6 +52,17 @@ impl Store {
     /// Returns once the record is written (and, with `FsyncPolicy::Always`, durable).
     pub fn put(&self, key: &[u8], value: &[u8], opts: &PutOptions<'_>) -> Result<Stored> {
         self.put_parts(key, &[value], opts)
+    }
+
+    /// The expiry time a write of `key` at clock time `now` gets when it asks for
+    /// `expiry_ms`: shortened, and counted, where `StoreConfig::expiry_cap` applies.
+    pub(crate) fn capped(&self, key: &[u8], expiry_ms: u64, now: u64) -> u64 {
+        let Some(cap) = &self.disk.ring.cfg.expiry_cap else { return expiry_ms };
+        let (at, shortened) = cap.apply(key, expiry_ms, now);
+        if shortened {
+            self.disk.ring.counters.capped_writes.fetch_add(1, Ordering::Relaxed);
+        }
+        at
     }
 
     /// Whether a value of `len` bytes may enter the memory tier (`MemoryConfig::max_value`).
@@ -166,6 +179,7 @@ impl Store {
             sync_failures: c.sync_failures.load(Ordering::Relaxed),
             read_failures: c.read_failures.load(Ordering::Relaxed),
             punched_bytes: c.punched_bytes.load(Ordering::Relaxed),
+            capped_writes: c.capped_writes.load(Ordering::Relaxed),
             allocated_bytes: sh.ring.slots.iter().filter_map(|s| s.file()?.allocated().ok()).sum(),
             rotations: c.rotations.load(Ordering::Relaxed),
             volumes_evicted: c.volumes_evicted.load(Ordering::Relaxed),

@@ -70,8 +70,11 @@ impl Store {
         // Saved before any volume is created, so that no volume exists without its manifest.
         dirs::save_manifest(&mut manifest, &dirs)?;
         let flushes = Flushes::new(Flushes::load(&dirs));
+        // Read before recovery: the time it takes is downtime too.
+        let alive = crate::maintenance::alive::last_stamp(&dirs);
         let ring = Ring::new(cfg, manifest, dirs, opened.missing);
-        let rec = recovery::recover(&ring, &flushes, hints_trusted, progress)?;
+        let mut rec = recovery::recover(&ring, &flushes, hints_trusted, progress)?;
+        rec.report.down_ms = crate::maintenance::alive::downtime(alive, now_ms());
         // Store times go on from the newest stored: a clock stepped back (or a restart within
         // the millisecond of the last write) never repeats a version's stamp.
         let ahead = rec.max_stored_ms.saturating_sub(now_ms());
@@ -123,6 +126,8 @@ impl Store {
         };
         let (d, m) = (disk.clone(), memory.clone());
         let mut threads = vec![spawn("larder-maint", Box::new(move || crate::maintenance::run(d, m, rx)))?];
+        let (d, stamps) = (disk.clone(), crate::maintenance::alive::Stamps::start(&disk));
+        threads.push(spawn("larder-alive", Box::new(move || stamps.keep(d)))?);
         if let FsyncPolicy::Every(every) = disk.ring.cfg.fsync {
             let d = disk.clone();
             threads.push(spawn("larder-sync", Box::new(move || crate::maintenance::syncer(d, every)))?);

@@ -303,7 +303,8 @@ impl Store {
             header.stored_ms = sh.stamp(&mut w);
             // By the clock, which expiry is checked against, not by the stamp: the stamp runs
             // ahead of the clock after it stepped back.
-            header.expiry_ms = opts.expiry.at_ms(now_ms());
+            let now = now_ms();
+            header.expiry_ms = self.capped(key, opts.expiry.at_ms(now), now);
             let rec = Append { header, key, meta: &meta_block, value, value_crc };
             let Some((pos, loc)) = sh.append(&mut w, wait, &rec)? else {
                 return Ok(None);
@@ -484,7 +485,7 @@ impl Store {
                 continue;
             }
             let mut header = rec.header;
-            header.expiry_ms = expiry.at_ms(now);
+            header.expiry_ms = self.capped(key, expiry.at_ms(now), now);
             let value = [rec.value()];
             let replaced = touch.attrs.map(|a| meta::with_attrs(rec.meta(), a));
             let meta_block = replaced.as_deref().unwrap_or(rec.meta());

@@ -1,0 +1,99 @@
+//! Listing the live keys: the index keeps only key hashes, so the keys come from the volumes,
+//! read in ring order from the oldest, by their record headers. A record is listed when the
+//! index names it as its key's value and it is alive (not expired, not flushed), so each live
+//! key is listed once, whichever of its older records the volumes still hold. Memory stays
+//! bounded: one scan window and one key at a time.
+
+use super::Store;
+use crate::clock::now_ms;
+use crate::format::meta::Meta;
+use crate::format::record::HEADER_LEN;
+use crate::format::volume::VOLUME_HEADER_LEN;
+use crate::index::TAG_MASK;
+use crate::recovery::scan::{scan_volume, ScanEvent, ScanRange};
+use crate::{Error, Result};
+use std::sync::atomic::Ordering;
+
+/// A live key, as [`Store::keys`] lists it.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyInfo<'a> {
+    /// The key.
+    pub key: &'a [u8],
+    /// Length of its value in bytes.
+    pub len: u64,
+    /// When it expires (ms since the Unix epoch; 0 = never).
+    pub expiry_ms: u64,
+    /// When it was stored (its store time, ms).
+    pub stored_ms: u64,
+}
+
+impl Store {
+    /// Calls `each` with every live key, oldest write first, until it returns `false`; returns
+    /// how many keys it was given. Keys written while the listing runs may or may not be
+    /// listed, and one rewritten meanwhile may be listed twice. Reads the volumes' headers (not their values): for
+    /// a background thread, not an async worker.
+    pub fn keys(&self, mut each: impl FnMut(KeyInfo<'_>) -> bool) -> Result<u64> {
+        let ring = &self.disk.ring;
+        let mut slots: Vec<(u64, usize)> = (ring.slots.iter().enumerate())
+            .filter(|(_, s)| s.generation.load(Ordering::Acquire) != 0)
+            .map(|(i, s)| (s.sequence.load(Ordering::Acquire), i))
+            .collect();
+        slots.sort_unstable();
+        let active = self.disk.active.load(Ordering::Relaxed) as usize;
+        let (mut listed, mut going) = (0, true);
+        for (_, slot) in slots {
+            let s = &ring.slots[slot];
+            let Some(file) = s.file() else { continue };
+            let generation = s.generation.load(Ordering::Acquire);
+            let range = ScanRange {
+                start: VOLUME_HEADER_LEN,
+                end: s.len.load(Ordering::Acquire),
+                generation,
+                salt: s.salt.load(Ordering::Acquire),
+                torn_tail_possible: slot == active,
+                values_checked: false,
+            };
+            let now = now_ms();
+            let mut failed = None;
+            let scanned = scan_volume(file, range, |ev| {
+                let ScanEvent::Valid { offset, header: h, key } = ev else { return };
+                if !going || h.is_chunk() || h.is_tombstone() || self.disk.dead(h.stored_ms, h.expiry_ms, now) {
+                    return;
+                }
+                let here = self.disk.index.get(ring.hash(key)).is_some_and(|l| {
+                    l.slot as usize == slot && l.tag as u32 == generation & TAG_MASK && l.offset == offset
+                });
+                if !here {
+                    return; // an older value of the key, or a hash another key took
+                }
+                let len = match h.is_head() {
+                    false => h.value_len as u64,
+                    // A large value's length is in its head's metadata.
+                    true => {
+                        let mut meta = vec![0u8; h.meta_len as usize];
+                        let at = offset + (HEADER_LEN + key.len()) as u64;
+                        match ring.read(s, file, &mut meta, at, false) {
+                            Ok(n) => Meta::parse(&meta[..n.unwrap_or(0)]).large.map_or(0, |(len, _)| len),
+                            Err(e) => {
+                                failed = Some(e);
+                                going = false;
+                                return;
+                            }
+                        }
+                    }
+                };
+                listed += 1;
+                going = each(KeyInfo { key, len, expiry_ms: h.expiry_ms, stored_ms: h.stored_ms });
+            });
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            // The ring may reuse the slot while it is read: what was listed stands, the rest is gone.
+            scanned.map_err(|e| Error::io("reading a volume to list its keys", e))?;
+            if !going {
+                break;
+            }
+        }
+        Ok(listed)
+    }
+}
