@@ -130,7 +130,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
             }
             crate::guard::render_metrics(&app.policy);
             crate::memcache::render_metrics();
-            let text = app.metrics.render(stats.as_ref());
+            let text = app.metrics.render(stats.as_ref(), app.started_empty.load(Ordering::Relaxed));
             let mut r = Response::new(Body::full(Bytes::from(text)));
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
             r
@@ -183,6 +183,15 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
                 "punched_bytes": s.punched_bytes,
                 "allocated_bytes": s.allocated_bytes,
                 "degraded": s.degraded,
+                "downtime_ms": s.recovery.down_ms,
+                "started_empty": app.started_empty.load(Ordering::Relaxed),
+                "cluster": app.settings.cluster.as_ref().map(|c| serde_json::json!({
+                    "self": c.ring.nodes()[c.me].name,
+                    "hash": c.ring.placement().name(),
+                    "nodes": c.ring.nodes().iter().map(|n| serde_json::json!({"name": n.name, "weight": n.weight})).collect::<Vec<_>>(),
+                    "foreign_ttl_seconds": c.foreign_ttl.as_secs_f64(),
+                    "foreign_writes": s.capped_writes,
+                })),
                 "memcache": memcache_stats(crate::memcache::counters()),
                 "refusals": crate::guard::refusals_json(&app.policy),
                 "deadline_closes": crate::guard::lates_json(&app.policy),
@@ -212,6 +221,32 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
             r
         }
         _ => text(StatusCode::NOT_FOUND, "no such admin endpoint\n"),
+    }
+}
+
+/// `POST /_larder/flush[?delay=SECONDS]`: memcached's `flush_all` for HTTP clients and for
+/// `larder flush`: every value stored before now (or before the delay's end, from then on)
+/// reads as absent. The caller has been admitted for `Permission::Flush`.
+pub async fn flush(app: &Arc<App>, method: &Method, query: Option<&str>) -> Resp {
+    if *method != Method::POST {
+        return method_not_allowed("POST");
+    }
+    if app.store.get().is_none() {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "recovering\n");
+    }
+    let delay = match query.unwrap_or("").split('&').find_map(|p| p.strip_prefix("delay=")) {
+        None => 0,
+        Some(d) => match d.parse::<u64>() {
+            Ok(d) if d <= 30 * 86_400 => d,
+            _ => return text(StatusCode::BAD_REQUEST, "delay is a number of seconds, at most 30 days\n"),
+        },
+    };
+    match crate::storeio::blocking(app, move |s| s.flush_all(Duration::from_secs(delay))).await {
+        Ok(()) => text(StatusCode::OK, "flushed\n"),
+        Err(e) => {
+            tracing::error!(error = %e, "flush failed");
+            text(StatusCode::INTERNAL_SERVER_ERROR, "flush failed: the store could not save it\n")
+        }
     }
 }
 

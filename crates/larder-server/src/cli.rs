@@ -8,14 +8,14 @@
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use larder_engine::check::{self, CheckProgress, CheckReport};
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use percent_encoding::utf8_percent_encode;
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// Bytes that keep their form in a canonical key path: RFC 3986 "unreserved" and `/`.
-const KEY_ENCODE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'/');
+use crate::cluster::{Placement, KEY_ENCODE};
+use crate::config::ClusterArgs;
 
 /// Where the server is, and how to authenticate.
 #[derive(Args, Debug, Clone)]
@@ -98,6 +98,38 @@ pub struct BenchArgs {
     pub args: Vec<String>,
 }
 
+/// `larder owner KEY…`: which node of a cluster owns each key, as its router places it.
+#[derive(Args, Debug)]
+pub struct OwnerArgs {
+    /// The keys (as `larder get` takes them: an HTTP key's path, or a memcached key).
+    #[arg(required = true)]
+    pub key: Vec<String>,
+    /// A server's TOML file to read the cluster_nodes and cluster_hash keys from.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// `larder flush`: memcached's flush_all for one node (--url), or every node of a cluster.
+#[derive(Args, Debug)]
+pub struct FlushArgs {
+    /// Flush every node of the cluster (--cluster-nodes, or the cluster_nodes key of
+    /// --config): over HTTP for an nginx ring, over memcached's protocol for a ketama ring.
+    #[arg(long)]
+    pub cluster: bool,
+    /// A server's TOML file to read the cluster from.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub ring: ClusterArgs,
+    /// Flush in this many seconds instead of now.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    pub delay: u64,
+    #[command(flatten)]
+    pub target: Target,
+}
+
 /// A failure of the command itself (exit 2), as opposed to an error answer (exit 1).
 fn fail(msg: impl std::fmt::Display) -> i32 {
     eprintln!("larder: {msg}");
@@ -160,6 +192,89 @@ fn call(t: &Target, method: &str, url: &str) -> Result<(u16, Vec<u8>), i32> {
         .read_to_vec()
         .map_err(|e| fail(format!("reading the answer: {e}")))?;
     Ok((status, body))
+}
+
+pub fn owner(a: OwnerArgs) -> i32 {
+    let ring = match a.cluster.resolve(a.config.as_ref()) {
+        Ok(Some(r)) => r,
+        Ok(None) => return fail("no cluster: give --cluster-nodes (and --cluster-hash), or --config"),
+        Err(e) => return fail(e),
+    };
+    for key in &a.key {
+        // An HTTP key as `larder get` takes it: its leading `/` is not part of the key.
+        let k = key.strip_prefix('/').filter(|_| ring.placement() == Placement::Nginx).unwrap_or(key);
+        println!("{key}\t{}", ring.nodes()[ring.owner(k.as_bytes())].name);
+    }
+    0
+}
+
+pub fn flush(a: FlushArgs) -> i32 {
+    if !a.cluster {
+        let url = format!("{}/_larder/flush?delay={}", a.target.url.trim_end_matches('/'), a.delay);
+        return match call(&a.target, "POST", &url) {
+            Ok((status, body)) => answer(status, &body),
+            Err(code) => code,
+        };
+    }
+    let ring = match a.ring.resolve(a.config.as_ref()) {
+        Ok(Some(r)) => r,
+        Ok(None) => return fail("--cluster needs --cluster-nodes (and --cluster-hash), or --config"),
+        Err(e) => return fail(e),
+    };
+    let mut failed = 0;
+    for node in ring.nodes() {
+        let done = match ring.placement() {
+            Placement::Nginx => {
+                let url = format!("http://{}/_larder/flush?delay={}", node.name, a.delay);
+                match call(&a.target, "POST", &url) {
+                    Ok((200, _)) => Ok(()),
+                    Ok((status, body)) => Err(format!("{status} {}", String::from_utf8_lossy(&body).trim_end())),
+                    Err(_) => Err("unreachable".to_string()),
+                }
+            }
+            _ => memcache_flush(&node.name, a.target.token.as_deref(), a.delay),
+        };
+        match done {
+            Ok(()) => println!("{}\tflushed", node.name),
+            Err(e) => {
+                println!("{}\tFAILED: {e}", node.name);
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        eprintln!("larder: {failed} of {} nodes were not flushed", ring.nodes().len());
+        return 1;
+    }
+    0
+}
+
+/// `flush_all` over memcached's text protocol, after the text login when a token is given.
+fn memcache_flush(addr: &str, token: Option<&str>, delay: u64) -> Result<(), String> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::ToSocketAddrs;
+    let to = addr.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("no address")?;
+    let stream = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+    let mut out = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut lines = BufReader::new(stream);
+    let mut ask = |cmd: &[u8]| -> Result<String, String> {
+        out.write_all(cmd).map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        lines.read_line(&mut line).map_err(|e| e.to_string())?;
+        Ok(line.trim_end().to_string())
+    };
+    if let Some(t) = token {
+        let cred = format!("larder {t}");
+        let login = ask(format!("set _ 0 0 {}\r\n{cred}\r\n", cred.len()).as_bytes())?;
+        if login != "STORED" {
+            return Err(format!("login refused: {login}"));
+        }
+    }
+    match ask(format!("flush_all {delay}\r\n").as_bytes())? {
+        ok if ok == "OK" => Ok(()),
+        other => Err(other),
+    }
 }
 
 /// Exit code for an answer: 0 for 2xx, else the server's one-line message and 1.

@@ -1,6 +1,7 @@
 //! Configuration: command-line flags and the TOML file (same names), flags winning, and the
 //! parsers for sizes and durations. Parsing is pure so it is tested without a server.
 
+use crate::cluster::{self, Placement, Ring};
 use clap::Args;
 use larder_engine::{Eviction, FsyncPolicy, MemoryConfig};
 use serde::Deserialize;
@@ -205,6 +206,76 @@ pub struct ServeArgs {
     /// connections are closed; the store is then synced and checkpointed [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub shutdown_timeout: Option<Duration>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Which of --cluster-nodes this node is, as written there: writes of keys it does not own
+    /// are kept at most --foreign-ttl [default: off].
+    #[arg(long, value_name = "NODE")]
+    pub cluster_self: Option<String>,
+    /// With --cluster-self: the longest a value of a key this node does not own is kept
+    /// [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub foreign_ttl: Option<Duration>,
+    /// A node that was down longer than this starts empty, as if flush_all had been sent when
+    /// it stopped (docs/CLUSTER.md says which routers need it) [default: off: a restart keeps
+    /// its data, however long it was down].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub max_downtime: Option<Duration>,
+}
+
+/// The cluster a node belongs to, as its router sees it: for ring awareness in `serve`, and
+/// for `larder owner` and `larder flush --cluster`.
+#[derive(Args, Debug, Default, Clone)]
+pub struct ClusterArgs {
+    /// The cluster's nodes, comma-separated, each as the router's configuration writes it
+    /// (e.g. 127.0.0.1:8001, an nginx `server` or twemproxy `servers` address), with an
+    /// optional =WEIGHT [default: no cluster].
+    #[arg(long, value_name = "LIST")]
+    pub cluster_nodes: Option<String>,
+    /// The router's placement: nginx (`hash $request_uri consistent`), ketama (twemproxy
+    /// `hash: md5`, libmemcached) or ketama-fnv1a_64 (twemproxy `hash: fnv1a_64`)
+    /// [default: nginx].
+    #[arg(long, value_name = "HASH")]
+    pub cluster_hash: Option<Placement>,
+}
+
+impl ClusterArgs {
+    /// The ring the flags, else the file's keys, describe; `None` without a node list.
+    fn ring(&self, file: &FileConfig) -> Result<Option<Ring>, String> {
+        let nodes = match (&self.cluster_nodes, &file.cluster_nodes) {
+            (Some(list), _) => cluster::parse_nodes(list)?,
+            (None, Some(NodesValue::List(l))) => cluster::parse_nodes(&l.join(","))?,
+            (None, Some(NodesValue::Text(t))) => cluster::parse_nodes(t)?,
+            (None, None) => {
+                if self.cluster_hash.is_some() || file.cluster_hash.is_some() {
+                    return Err("--cluster-hash needs --cluster-nodes".into());
+                }
+                return Ok(None);
+            }
+        };
+        let placement = match (self.cluster_hash, &file.cluster_hash) {
+            (Some(p), _) => p,
+            (None, Some(name)) => name.parse()?,
+            (None, None) => Placement::Nginx,
+        };
+        Ok(Some(Ring::new(placement, nodes)))
+    }
+
+    /// The ring of the flags, or of the keys of the config file `config`.
+    pub fn resolve(&self, config: Option<&PathBuf>) -> Result<Option<Ring>, String> {
+        self.ring(&read_file_config(config)?)
+    }
+}
+
+/// Ring awareness in force: the ring and which of its nodes this one is.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// The ring.
+    pub ring: std::sync::Arc<Ring>,
+    /// This node's index in `ring.nodes()`.
+    pub me: usize,
+    /// The longest a foreign key's value is kept.
+    pub foreign_ttl: Duration,
 }
 
 /// A size in the TOML file: an integer (bytes) or a string such as "1GiB".
@@ -287,6 +358,28 @@ struct FileConfig {
     read_only: Option<bool>,
     strict_dirs: Option<bool>,
     shutdown_timeout: Option<DurationValue>,
+    cluster_nodes: Option<NodesValue>,
+    cluster_self: Option<String>,
+    cluster_hash: Option<String>,
+    foreign_ttl: Option<DurationValue>,
+    max_downtime: Option<DurationValue>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum NodesValue {
+    Text(String),
+    List(Vec<String>),
+}
+
+fn read_file_config(path: Option<&PathBuf>) -> Result<FileConfig, String> {
+    match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+            toml::from_str(&text).map_err(|e| format!("in {}: {e}", path.display()))
+        }
+        None => Ok(FileConfig::default()),
+    }
 }
 
 #[derive(Deserialize, Debug)]
@@ -361,6 +454,10 @@ pub struct Settings {
     pub read_only: bool,
     /// Time in-flight requests get to finish on SIGTERM/SIGINT.
     pub shutdown_timeout: Duration,
+    /// Ring awareness, if on.
+    pub cluster: Option<Cluster>,
+    /// Start empty when down longer than this.
+    pub max_downtime: Option<Duration>,
 }
 
 /// A secret bearer token; its `Debug` does not print it.
@@ -398,12 +495,12 @@ fn load_token(file: Option<&PathBuf>, env: Option<String>) -> Result<Option<Toke
 impl ServeArgs {
     /// Merges defaults, the config file (if any) and the flags.
     pub fn settings(&self) -> Result<Settings, String> {
-        let file: FileConfig = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-                toml::from_str(&text).map_err(|e| format!("in {}: {e}", path.display()))?
-            }
-            None => FileConfig::default(),
+        let file = read_file_config(self.config.as_ref())?;
+        let cluster = self.cluster(&file)?;
+        let max_downtime = match (self.max_downtime, &file.max_downtime) {
+            (Some(d), _) => Some(d),
+            (None, Some(d)) => Some(d.duration()?),
+            (None, None) => None,
         };
         let file_dirs = match file.data_dir {
             Some(DirsValue::One(d)) => vec![d],
@@ -494,7 +591,36 @@ impl ServeArgs {
             auth_reads: self.auth_reads || file.auth_reads.unwrap_or(false),
             read_only: self.read_only || file.read_only.unwrap_or(false),
             shutdown_timeout: dur(self.shutdown_timeout, &file.shutdown_timeout, Duration::from_secs(30))?,
+            cluster,
+            max_downtime,
         })
+    }
+
+    /// Ring awareness: a ring and this node's place in it, or nothing; any of its flags
+    /// without the others it needs is an error, never ignored.
+    fn cluster(&self, file: &FileConfig) -> Result<Option<Cluster>, String> {
+        let ring = self.cluster.ring(file)?;
+        let me = self.cluster_self.clone().or(file.cluster_self.clone());
+        let foreign_ttl = match (self.foreign_ttl, &file.foreign_ttl) {
+            (Some(d), _) => Some(d),
+            (None, Some(d)) => Some(d.duration()?),
+            (None, None) => None,
+        };
+        let (ring, me) = match (ring, me) {
+            (Some(ring), Some(me)) => (ring, me),
+            (None, None) if foreign_ttl.is_none() => return Ok(None),
+            (None, None) => return Err("--foreign-ttl needs --cluster-nodes and --cluster-self".into()),
+            (Some(_), None) => return Err("--cluster-nodes needs --cluster-self: which of the nodes is this one".into()),
+            (None, Some(_)) => return Err("--cluster-self needs --cluster-nodes".into()),
+        };
+        let Some(at) = ring.nodes().iter().position(|n| n.name == me) else {
+            return Err(format!("--cluster-self {me:?} is not one of --cluster-nodes (write it exactly as listed there)"));
+        };
+        let foreign_ttl = foreign_ttl.unwrap_or(Duration::from_secs(60));
+        if foreign_ttl.is_zero() {
+            return Err("--foreign-ttl must be more than 0 (a foreign write would expire at once)".into());
+        }
+        Ok(Some(Cluster { ring: std::sync::Arc::new(ring), me: at, foreign_ttl }))
     }
 }
 

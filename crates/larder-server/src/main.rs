@@ -6,6 +6,7 @@ mod admin;
 mod api;
 mod app;
 mod cli;
+mod cluster;
 mod config;
 mod conn;
 mod guard;
@@ -68,6 +69,10 @@ enum Command {
     Check(cli::CheckArgs),
     /// Run the larder-bench load tool with these arguments.
     Bench(cli::BenchArgs),
+    /// Print which node of a cluster owns each key, as its router (nginx, twemproxy) places it.
+    Owner(cli::OwnerArgs),
+    /// Flush a server (memcached's flush_all), or with --cluster every node of a cluster.
+    Flush(cli::FlushArgs),
 }
 
 fn main() {
@@ -80,6 +85,8 @@ fn main() {
         Command::Stats(a) => cli::stats(a),
         Command::Check(a) => cli::check(a),
         Command::Bench(a) => cli::bench(a),
+        Command::Owner(a) => cli::owner(a),
+        Command::Flush(a) => cli::flush(a),
     };
     std::process::exit(code);
 }

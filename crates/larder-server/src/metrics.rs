@@ -93,8 +93,9 @@ impl Metrics {
 
     /// The Prometheus text exposition, with the engine's figures as of now (`None` while
     /// recovering).
-    pub fn render(&self, stats: Option<&Stats>) -> String {
+    pub fn render(&self, stats: Option<&Stats>, started_empty: bool) -> String {
         gauge!("larder_ready").set(if stats.is_some() { 1.0 } else { 0.0 });
+        gauge!("larder_started_empty").set(if started_empty { 1.0 } else { 0.0 });
         counter!("larder_http_received_bytes_total").absolute(self.bytes_in.load(Ordering::Relaxed));
         counter!("larder_http_sent_bytes_total").absolute(self.bytes_out.load(Ordering::Relaxed));
         if let Some(s) = stats {
@@ -141,6 +142,10 @@ fn engine(s: &Stats) {
     counter!("larder_punched_bytes_total").absolute(s.punched_bytes);
     gauge!("larder_allocated_bytes").set(s.allocated_bytes as f64);
     gauge!("larder_recovery_duration_seconds").set(s.recovery.millis as f64 / 1000.0);
+    counter!("larder_foreign_writes_total").absolute(s.capped_writes);
+    if let Some(ms) = s.recovery.down_ms {
+        gauge!("larder_downtime_seconds").set(ms as f64 / 1000.0);
+    }
 }
 
 fn describe() {
@@ -173,6 +178,12 @@ fn describe() {
     c!("larder_proxy_purges_total", "Read-through mode: stored responses purged through /_larder/purge.");
     c!("larder_cache_hits_total", "Value reads (GET) that found a value, by the tier that answered (memc, disk).");
     c!("larder_cache_misses_total", "Value reads (GET) that found nothing.");
+    c!(
+        "larder_foreign_writes_total",
+        "Ring awareness: writes of keys this node does not own, kept at most --foreign-ttl."
+    );
+    g!("larder_downtime_seconds", Unit::Seconds, "How long the node was down before this start (absent: unknown).");
+    g!("larder_started_empty", "1 if the node was down longer than --max-downtime and started as if flushed.");
     c!("larder_puts_total", "Values stored.");
     c!("larder_deletes_total", "Keys deleted.");
     g!("larder_index_keys", "Keys in the index.");

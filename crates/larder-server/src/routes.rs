@@ -91,6 +91,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
         let permission = match what {
             b"health" => Permission::Health,
             b"purge" => Permission::Purge,
+            b"flush" => Permission::Flush,
             _ => Permission::Admin,
         };
         if let Err(r) = admit(app, Door::Admin, req.headers(), permission) {
@@ -101,6 +102,9 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
                 return method_not_allowed("POST, DELETE");
             }
             return Box::pin(crate::proxy::purge(app, req.uri().query())).await;
+        }
+        if what == b"flush" {
+            return Box::pin(admin::flush(app, req.method(), req.uri().query())).await;
         }
         if what == b"faults" {
             return Box::pin(admin::faults(app, req)).await;

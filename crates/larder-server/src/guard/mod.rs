@@ -8,6 +8,7 @@
 //! Not to be confused with `proxy/policy.rs`, RFC 9111's rules for what a shared cache stores.
 
 pub mod budget;
+pub mod ring;
 
 use crate::config::{Settings, Token};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -340,6 +341,11 @@ pub fn check_flags(s: &Settings) -> Result<(), String> {
         // The proxy's stored responses live under keys a binary memcached key can spell: a
         // memcached client could read or rewrite them.
         return Err("--memcache-listen cannot be combined with --origin: memcached clients would reach the read-through cache's stored responses".into());
+    }
+    if s.origin.is_some() && s.cluster.is_some() {
+        // Stored responses are kept by their freshness; ring awareness would cut it short on
+        // every node but one, and read-through nodes are not placed by a key router.
+        return Err("--cluster-self cannot be combined with --origin: ring awareness is for cache nodes behind a key router".into());
     }
     Ok(())
 }
