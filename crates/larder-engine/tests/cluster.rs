@@ -2,7 +2,7 @@
 //! downtime known at open from the alive stamp, and the live keys listed from the volumes.
 
 use larder_engine::format::alive;
-use larder_engine::{ExpiryCap, Expiry, FsyncPolicy, Part, PutOptions, Store, StoreConfig};
+use larder_engine::{Expiry, ExpiryCap, FsyncPolicy, Part, PutOptions, Store, StoreConfig};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;

@@ -38,9 +38,11 @@ impl Placement {
 impl std::str::FromStr for Placement {
     type Err = String;
     fn from_str(s: &str) -> Result<Placement, String> {
-        Placement::ALL.iter().find(|(_, n)| *n == s).map(|(p, _)| *p).ok_or_else(|| {
-            format!("unknown cluster hash {s:?}: use nginx, ketama (MD5 keys) or ketama-fnv1a_64")
-        })
+        Placement::ALL
+            .iter()
+            .find(|(_, n)| *n == s)
+            .map(|(p, _)| *p)
+            .ok_or_else(|| format!("unknown cluster hash {s:?}: use nginx, ketama (MD5 keys) or ketama-fnv1a_64"))
     }
 }
 

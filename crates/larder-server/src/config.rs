@@ -610,11 +610,15 @@ impl ServeArgs {
             (Some(ring), Some(me)) => (ring, me),
             (None, None) if foreign_ttl.is_none() => return Ok(None),
             (None, None) => return Err("--foreign-ttl needs --cluster-nodes and --cluster-self".into()),
-            (Some(_), None) => return Err("--cluster-nodes needs --cluster-self: which of the nodes is this one".into()),
+            (Some(_), None) => {
+                return Err("--cluster-nodes needs --cluster-self: which of the nodes is this one".into())
+            }
             (None, Some(_)) => return Err("--cluster-self needs --cluster-nodes".into()),
         };
         let Some(at) = ring.nodes().iter().position(|n| n.name == me) else {
-            return Err(format!("--cluster-self {me:?} is not one of --cluster-nodes (write it exactly as listed there)"));
+            return Err(format!(
+                "--cluster-self {me:?} is not one of --cluster-nodes (write it exactly as listed there)"
+            ));
         };
         let foreign_ttl = foreign_ttl.unwrap_or(Duration::from_secs(60));
         if foreign_ttl.is_zero() {

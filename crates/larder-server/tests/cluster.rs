@@ -37,6 +37,7 @@ impl Cluster {
             .env("LARDER_BIN", env!("CARGO_BIN_EXE_larder"))
             .env("CLUSTER_DIR", dir)
             .env("READY_TIMEOUT", "60")
+            .env("RING_AWARE", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -186,6 +187,23 @@ fn three_nodes_behind_nginx_then_one_down_then_a_fourth() {
     });
     let mismatched = (0..KEYS).filter(|&i| owners[i] != ring3.owner(&key(i))).count();
     assert_eq!(mismatched, 0, "keys whose node differs from docs/CLUSTER.md's hash");
+    // larder's own ring awareness agrees: `larder owner` names nginx's node for every key, and
+    // no node counted a foreign write (each was given only keys it owns).
+    let out = Command::new(env!("CARGO_BIN_EXE_larder"))
+        .args(["owner", "--cluster-hash", "nginx", "--cluster-nodes", &nodes(base, 3).join(",")])
+        .args((0..KEYS).map(key))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "larder owner: {}", String::from_utf8_lossy(&out.stderr));
+    let named: Vec<String> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| l.split('\t').nth(1).unwrap().to_string()).collect();
+    let disagree = (0..KEYS).filter(|&i| named[i] != nodes(base, 3)[owners[i]]).count();
+    assert_eq!((named.len(), disagree), (KEYS, 0), "keys whose owner larder computes differs from nginx's");
+    for k in 0..3 {
+        let r = Client::connect(addr(base + 1 + k as u16)).get("/_larder/stats");
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["cluster"]["foreign_writes"], 0, "node {}: {}", k + 1, v["cluster"]);
+    }
     each_key(base, &all, |c, i| {
         let r = c.get(&key(i));
         assert_eq!((r.status, r.body == bytes(i as u64, VALUE)), (200, true), "GET {}", key(i));
@@ -198,6 +216,13 @@ fn three_nodes_behind_nginx_then_one_down_then_a_fourth() {
         assert!((0.25..=0.41).contains(&share), "node {} holds {:.1}% of the keys", k + 1, share * 100.0);
         assert_eq!(keys as usize, owners.iter().filter(|&&o| o == k).count());
     }
+    // A value past nginx's old 1 MiB limit passes: the shipped config forwards any value a node
+    // takes (--max-value-size, 1 GiB by default), streamed.
+    let big = bytes(7, 3 << 20);
+    let mut c = Client::connect(addr(base));
+    assert_eq!(c.put("/c/big", &big).status, 200);
+    let r = c.get("/c/big");
+    assert_eq!((r.status, r.body.len(), r.body == big), (200, big.len(), true));
 
     // Node 2 stops.
     let pid_file = dir.join("node-2.pid");

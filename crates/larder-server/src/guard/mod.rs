@@ -345,7 +345,10 @@ pub fn check_flags(s: &Settings) -> Result<(), String> {
     if s.origin.is_some() && s.cluster.is_some() {
         // Stored responses are kept by their freshness; ring awareness would cut it short on
         // every node but one, and read-through nodes are not placed by a key router.
-        return Err("--cluster-self cannot be combined with --origin: ring awareness is for cache nodes behind a key router".into());
+        return Err(
+            "--cluster-self cannot be combined with --origin: ring awareness is for cache nodes behind a key router"
+                .into(),
+        );
     }
     Ok(())
 }

@@ -12,7 +12,10 @@ use std::time::Duration;
 pub fn foreign_cap(s: &Settings) -> Option<larder_engine::ExpiryCap> {
     let c = s.cluster.clone()?;
     let (ring, me) = (c.ring, c.me);
-    Some(larder_engine::ExpiryCap { most: c.foreign_ttl, applies: std::sync::Arc::new(move |key| ring.owner(key) != me) })
+    Some(larder_engine::ExpiryCap {
+        most: c.foreign_ttl,
+        applies: std::sync::Arc::new(move |key| ring.owner(key) != me),
+    })
 }
 
 /// At start, after recovery: a node down longer than `--max-downtime` (or for a time it
