@@ -35,7 +35,7 @@ pub(super) fn text_permission(cmd: &Command<'_>) -> Permission {
         Command::Store { .. } | Command::Arith { .. } | Command::Touch { .. } => Permission::Write,
         Command::Delete { .. } => Permission::Delete,
         Command::FlushAll { .. } => Permission::Flush,
-        Command::Stats(_) => Permission::Admin,
+        Command::Stats(_) | Command::Operator(_) => Permission::Admin,
         Command::Version | Command::Verbosity { .. } | Command::Quit | Command::MetaNoop => Permission::Health,
         Command::Meta { cmd, words } => match cmd {
             // mg touches with T, and creates the item on a miss with N.

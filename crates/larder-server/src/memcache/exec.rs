@@ -204,6 +204,8 @@ async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
             reply(c, command_index(b"verbosity"), Answer::Line(Outcome::Ok, "OK\r\n"), noreply);
             Ok(())
         }
+        Command::Stats(args) if args.first() == Some(&&b"cachedump"[..]) => super::operator::cachedump(c, &args).await,
+        Command::Operator(words) => super::operator::run(c, &words).await,
         Command::Stats(args) => {
             let out = stats(c, store, &args).await;
             c.out.extend_from_slice(out.as_bytes());

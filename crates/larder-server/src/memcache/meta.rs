@@ -58,6 +58,13 @@ impl Items {
         }
     }
 
+    /// When the item was last bumped (ms) and whether it was fetched, for `lru_crawler
+    /// metadump`; fetches are tracked from the first such question on.
+    pub fn seen(&self, key: &[u8], stored_ms: u64) -> (u64, bool) {
+        let s = self.state(key, stored_ms);
+        (s.bumped_ms, s.fetched)
+    }
+
     /// A fetch of the item (a get of any kind, not `mg … u`): fetched from now on, and bumped
     /// if its last bump is older than a minute.
     pub fn fetched(&self, key: &[u8], stored_ms: u64) {

@@ -11,6 +11,7 @@ mod binary;
 mod exec;
 mod mdma;
 mod meta;
+mod operator;
 mod stats;
 pub mod text;
 

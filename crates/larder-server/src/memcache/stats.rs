@@ -139,7 +139,13 @@ fn settings(c: &Conn, store: &Store) -> String {
         ("idle_timeout", s.idle_timeout.as_secs()),
     ];
     let mut out: String = lines.iter().map(|(k, v)| format!("STAT {k} {v}\r\n")).collect();
-    out.push_str("STAT evictions on\r\nSTAT cas_enabled yes\r\nSTAT flush_enabled yes\r\nEND\r\n");
+    // What larder has of memcached's switches: no slab reassignment, LRU maintainer, size
+    // tracking, detail counts or shutdown command; dumps are on.
+    out.push_str(concat!(
+        "STAT evictions on\r\nSTAT cas_enabled yes\r\nSTAT flush_enabled yes\r\nSTAT dump_enabled yes\r\n",
+        "STAT shutdown_command no\r\nSTAT detail_enabled no\r\nSTAT slab_reassign no\r\nSTAT lru_crawler yes\r\n",
+        "STAT lru_maintainer_thread no\r\nSTAT track_sizes no\r\nEND\r\n"
+    ));
     out
 }
 
@@ -150,14 +156,26 @@ pub(super) async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
     let m = counters();
     m.count(command_index(b"stats"), Outcome::Ok);
     match args.first().copied() {
-        None => {}
+        None | Some(b"items" | b"slabs") => {}
         Some(b"reset") => return "RESET\r\n".into(),
-        Some(b"detail") => return "CLIENT_ERROR usage: stats detail on|off|dump\r\n".into(),
+        // larder keeps no per-prefix counts: the switch is taken and the dump is empty.
+        Some(b"detail") => match args.get(1).copied() {
+            Some(b"on" | b"off") => return "OK\r\n".into(),
+            Some(b"dump") => return "END\r\n".into(),
+            _ => return "CLIENT_ERROR usage: stats detail on|off|dump\r\n".into(),
+        },
         Some(b"settings") => return settings(c, store),
-        Some(b"items" | b"slabs" | b"sizes" | b"conns" | b"extstore") => return "END\r\n".into(),
+        // As memcached without -o track_sizes.
+        Some(b"sizes") => return "STAT sizes_status disabled\r\nEND\r\n".into(),
+        Some(b"conns" | b"extstore") => return "END\r\n".into(),
         Some(_) => return "ERROR\r\n".into(),
     }
     let Ok(s) = blocking(&c.app, |s| Ok(s.stats())).await else { return "SERVER_ERROR stats unavailable\r\n".into() };
+    match args.first().copied() {
+        Some(b"items") => return super::operator::items(&s),
+        Some(b"slabs") => return super::operator::slabs(&s),
+        _ => {}
+    }
     let now = now_ms();
     let gets = ["get", "gets", "gat", "gats"];
     let mut out = String::new();
@@ -202,6 +220,10 @@ pub(super) async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
     stat("curr_items", s.keys.to_string());
     stat("total_items", s.puts.to_string());
     stat("evictions", s.evicted_entries.to_string());
+    stat("accepting_conns", u64::from(!c.app.stopping()).to_string());
+    // larder's own, after memcached's fields.
+    stat("foreign_writes", s.capped_writes.to_string());
+    stat("started_empty", u64::from(c.app.started_empty.load(Ordering::Relaxed)).to_string());
     out.push_str("END\r\n");
     out
 }

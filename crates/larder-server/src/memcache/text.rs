@@ -70,6 +70,8 @@ pub enum Command<'a> {
     },
     /// `stats` and its argument words.
     Stats(Vec<&'a [u8]>),
+    /// An operator command other than `stats` (`operator::NAMES`), by its words.
+    Operator(Vec<&'a [u8]>),
     Quit,
     /// `mn`: the end of a batch of meta commands.
     MetaNoop,
@@ -104,6 +106,7 @@ impl Command<'_> {
             Command::Version => b"version",
             Command::Verbosity { .. } => b"verbosity",
             Command::Stats(_) => b"stats",
+            Command::Operator(_) => b"other",
             Command::Quit => b"quit",
             Command::MetaNoop => b"mn",
             Command::Meta { cmd, .. } => match cmd {
@@ -325,6 +328,9 @@ pub fn parse(line: &[u8]) -> Parsed<'_> {
             },
         },
         b"stats" => Parsed::Command(Command::Stats(words[1..].to_vec())),
+        name if super::operator::NAMES.iter().any(|n| n.as_bytes() == name) && more.is_none() => {
+            Parsed::Command(Command::Operator(words.clone()))
+        }
         b"mn" => Parsed::Command(Command::MetaNoop),
         [b'm', c @ (b'g' | b's' | b'd' | b'a' | b'e')] => {
             Parsed::Command(Command::Meta { cmd: *c, words: words.clone() })

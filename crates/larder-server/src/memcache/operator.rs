@@ -1,0 +1,275 @@
+//! memcached's operator commands: the key dumps operators' tools use (`stats cachedump`, which
+//! libmemcached's `memcdump` walks; `lru_crawler metadump`), `stats items`, `slabs` and `sizes`
+//! from larder's own counters, and the rest answered as memcached answers them with the
+//! feature off (`-W`, `no_slab_reassign`, `no_lru_maintainer`, no `-A`), so that no client or
+//! tool waits for an answer that never comes.
+//!
+//! larder has no slab classes: every item is in class 1, as one class of memcached's would
+//! hold them. Keys come from a scan of the volumes' record headers (the index keeps only
+//! hashes), on the blocking pool, streamed to the client as they are found: memory stays at a
+//! batch of lines whatever the number of keys.
+
+use super::stats::{command_index, Outcome};
+use super::{counters, Conn, End};
+use crate::storeio::blocking;
+use bytes::Bytes;
+use larder_engine::KeyInfo;
+use std::fmt::Write;
+
+/// memcached's slab class ids stop below this (`MAX_NUMBER_OF_SLAB_CLASSES`).
+const CLASSES: i64 = 64;
+/// The one class larder's items are in.
+const CLASS: i64 = 1;
+/// Dump lines gathered before they are sent.
+const BATCH: usize = 32 << 10;
+
+/// The commands answered here, other than `stats`.
+pub const NAMES: [&str; 9] =
+    ["watch", "slabs", "lru_crawler", "lru", "shutdown", "cache_memlimit", "misbehave", "debugtime", "extstore"];
+
+fn number(w: &[u8]) -> Option<i64> {
+    std::str::from_utf8(w).ok()?.parse().ok()
+}
+
+/// `stats items`: class 1 holds every item (fields as memcached gives them without its LRU
+/// maintainer: no hot, warm or cold segments).
+pub(super) fn items(s: &larder_engine::Stats) -> String {
+    if s.keys == 0 {
+        return "END\r\n".into();
+    }
+    let fields: [(&str, u64); 14] = [
+        ("number", s.keys),
+        ("age", 0),
+        ("mem_requested", s.bytes_used),
+        ("evicted", s.evicted_entries),
+        ("evicted_nonzero", 0),
+        ("evicted_time", 0),
+        ("outofmemory", 0),
+        ("tailrepairs", 0),
+        ("reclaimed", 0),
+        ("expired_unfetched", 0),
+        ("evicted_unfetched", 0),
+        ("crawler_reclaimed", 0),
+        ("crawler_items_checked", 0),
+        ("lrutail_reflocked", 0),
+    ];
+    let mut out = String::new();
+    for (name, v) in fields {
+        let _ = write!(out, "STAT items:{CLASS}:{name} {v}\r\n");
+    }
+    out.push_str("END\r\n");
+    out
+}
+
+/// `stats slabs`: class 1 is the ring of volumes; a "page" is a volume, a "chunk" an item of
+/// the average size; the per-class command counts are the listener's.
+pub(super) fn slabs(s: &larder_engine::Stats) -> String {
+    if s.keys == 0 {
+        return "STAT active_slabs 0\r\nSTAT total_malloced 0\r\nEND\r\n".into();
+    }
+    let m = counters();
+    let avg = (s.bytes_used / s.keys).max(1);
+    let fields: [(&str, u64); 15] = [
+        ("chunk_size", avg),
+        ("chunks_per_page", s.volume_size / avg),
+        ("total_pages", s.volumes),
+        ("total_chunks", s.keys),
+        ("used_chunks", s.keys),
+        ("free_chunks", 0),
+        ("free_chunks_end", 0),
+        ("get_hits", m.sum(&["get", "gets", "gat", "gats"], &["hit"])),
+        ("cmd_set", m.sum(&["set", "add", "replace", "append", "prepend", "cas"], &super::stats::OUTCOMES)),
+        ("delete_hits", m.get("delete", "deleted")),
+        ("incr_hits", m.get("incr", "hit")),
+        ("decr_hits", m.get("decr", "hit")),
+        ("cas_hits", m.get("cas", "stored")),
+        ("cas_badval", m.get("cas", "exists")),
+        ("touch_hits", m.get("touch", "touched")),
+    ];
+    let mut out = String::new();
+    for (name, v) in fields {
+        let _ = write!(out, "STAT {CLASS}:{name} {v}\r\n");
+    }
+    let _ = write!(out, "STAT active_slabs 1\r\nSTAT total_malloced {}\r\nEND\r\n", s.bytes_used);
+    out
+}
+
+/// Whether memcached's text protocol can name `key`: it is a word of a command line.
+fn speakable(key: &[u8]) -> bool {
+    key.len() <= super::text::KEY_MAX && key.iter().all(|&b| b > b' ' && b != 0x7f)
+}
+
+/// `stats cachedump CLASS LIMIT`: `ITEM <key> [<bytes> b; <expiry, Unix seconds, 0 = never> s]`
+/// per item of the class (LIMIT of them; 0 = all), then `END`. Keys memcached's text protocol
+/// cannot name (HTTP keys with spaces, longer than 250 bytes) are left out.
+pub(super) async fn cachedump(c: &mut Conn, args: &[&[u8]]) -> Result<(), End> {
+    counters().count(command_index(b"stats"), Outcome::Ok);
+    let (class, limit) = match args {
+        [_, class, limit, ..] => match (number(class), number(limit)) {
+            (Some(c), Some(l)) if c >= 0 && l >= 0 => (c, l as u64),
+            _ => return line(c, "CLIENT_ERROR bad command line format\r\n"),
+        },
+        _ => return line(c, "CLIENT_ERROR bad command line\r\n"),
+    };
+    if class >= CLASSES {
+        return line(c, "CLIENT_ERROR Illegal slab id\r\n");
+    }
+    if class != CLASS {
+        return line(c, "END\r\n");
+    }
+    dump(c, limit, |out, k| {
+        if !speakable(k.key) {
+            return false;
+        }
+        out.extend_from_slice(b"ITEM ");
+        out.extend_from_slice(k.key);
+        let _ = write!(Lines(out), " [{} b; {} s]\r\n", k.len, k.expiry_ms.div_ceil(1000));
+        true
+    })
+    .await
+}
+
+/// `lru_crawler metadump all|hash|CLASS[,CLASS…]`: `key=<key, URL-encoded> exp=<Unix seconds,
+/// -1 = never> la=<last access> cas=<cas> fetch=<yes|no> cls=1 size=<bytes>` per item, each
+/// line ending in `\n` alone as memcached's do, then `END`.
+async fn metadump(c: &mut Conn, which: &[u8]) -> Result<(), End> {
+    let all = which == b"all" || which == b"hash";
+    let mut ours = all;
+    if !all {
+        for class in which.split(|&b| b == b',') {
+            match number(class) {
+                Some(n) if (0..CLASSES).contains(&n) => ours |= n == CLASS,
+                _ => return line(c, "BADCLASS invalid class id\r\n"),
+            }
+        }
+    }
+    if !ours {
+        return line(c, "END\r\n");
+    }
+    let listener = c.listener.clone();
+    dump(c, 0, move |out, k| {
+        let (last, fetched) = listener.items.seen(k.key, k.stored_ms);
+        out.extend_from_slice(b"key=");
+        for piece in percent_encoding::percent_encode(k.key, percent_encoding::NON_ALPHANUMERIC) {
+            out.extend_from_slice(piece.as_bytes());
+        }
+        let exp = if k.expiry_ms == 0 { -1 } else { k.expiry_ms.div_ceil(1000) as i64 };
+        let fetch = if fetched { "yes" } else { "no" };
+        let _ = write!(
+            Lines(out),
+            " exp={exp} la={} cas={} fetch={fetch} cls={CLASS} size={}\n",
+            last / 1000,
+            k.stored_ms,
+            k.len
+        );
+        true
+    })
+    .await
+}
+
+/// Streams the lines `each` writes for the live keys (at most `limit` listed; 0 = all), read
+/// on the blocking pool while the client takes them, then `END`.
+async fn dump(
+    c: &mut Conn,
+    limit: u64,
+    mut each: impl FnMut(&mut Vec<u8>, KeyInfo<'_>) -> bool + Send + 'static,
+) -> Result<(), End> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(2);
+    // The scan owns the sender: the channel ends when the scan does.
+    let app = c.app.clone();
+    let scan = blocking(&app, move |s| {
+        let (mut out, mut listed) = (Vec::with_capacity(BATCH), 0u64);
+        s.keys(|k| {
+            listed += each(&mut out, k) as u64;
+            if out.len() >= BATCH && tx.blocking_send(Bytes::from(std::mem::take(&mut out))).is_err() {
+                return false; // the client went away
+            }
+            limit == 0 || listed < limit
+        })?;
+        if !out.is_empty() {
+            let _ = tx.blocking_send(Bytes::from(out));
+        }
+        Ok(())
+    });
+    let mut scan = std::pin::pin!(scan);
+    let mut ended = None;
+    loop {
+        tokio::select! {
+            batch = rx.recv() => match batch {
+                Some(b) => c.send(b).await?,
+                None => break,
+            },
+            r = &mut scan, if ended.is_none() => ended = Some(r),
+        }
+    }
+    let ended = match ended {
+        Some(r) => r,
+        None => scan.await,
+    };
+    match ended {
+        Ok(()) => line(c, "END\r\n"),
+        Err(e) => {
+            // What was sent stands; the client sees the dump cut short, never a false END.
+            tracing::error!(error = %e, "listing the keys failed");
+            line(c, "SERVER_ERROR reading the volumes failed\r\n")
+        }
+    }
+}
+
+/// A `Vec<u8>` as a `fmt::Write` target.
+struct Lines<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Lines<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+fn line(c: &mut Conn, l: &str) -> Result<(), End> {
+    c.out.extend_from_slice(l.as_bytes());
+    Ok(())
+}
+
+/// The operator commands other than `stats`, by their words (the name first).
+pub(super) async fn run(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
+    counters().count(command_index(b"other"), Outcome::Ok);
+    let arg = |i: usize| words.get(i).copied();
+    let n = words.len();
+    let answer = match (words[0], arg(1)) {
+        // `-W`: larder has no log stream to watch.
+        (b"watch", _) => "CLIENT_ERROR watch commands not allowed\r\n",
+        (b"slabs", Some(b"automove")) if n == 3 && matches!(arg(2), Some(b"0" | b"1" | b"2")) => "OK\r\n",
+        // `-o no_slab_reassign`: there are no slab pages to move.
+        (b"slabs", Some(b"reassign")) if n >= 4 => "CLIENT_ERROR slab reassignment disabled\r\n",
+        (b"lru_crawler", Some(b"metadump")) if n >= 3 => return metadump(c, words[2]).await,
+        // Expired and flushed items are never served, and the ring reclaims their space: a
+        // crawl has nothing to do.
+        (b"lru_crawler", Some(b"crawl")) if n >= 3 => "OK\r\n",
+        (b"lru_crawler", Some(b"sleep")) if n >= 3 => match number(words[2]) {
+            Some(us) if (0..=1_000_000).contains(&us) => "OK\r\n",
+            Some(_) => "CLIENT_ERROR sleep must be one second or less\r\n",
+            None => "CLIENT_ERROR bad command line format\r\n",
+        },
+        (b"lru_crawler", Some(b"tocrawl")) if n >= 3 => match number(words[2]) {
+            Some(_) => "OK\r\n",
+            None => "CLIENT_ERROR bad command line format\r\n",
+        },
+        // The "crawler" (the scan behind metadump) is always there, as in memcached when its
+        // thread already runs; it cannot be turned off.
+        (b"lru_crawler", Some(b"enable")) => "ERROR failed to start lru crawler thread\r\n",
+        // `-o no_lru_maintainer`: only `lru tune` is taken.
+        (b"lru", Some(b"tune")) if n == 6 && words[2..].iter().all(|w| float(w)) => "OK\r\n",
+        // memcached without `-A`.
+        (b"shutdown", _) => "ERROR: shutdown not enabled\r\n",
+        (b"cache_memlimit", Some(_)) if n <= 3 => {
+            "SERVER_ERROR the memory tier's size is set at start (--memory-capacity)\r\n"
+        }
+        _ => "ERROR\r\n",
+    };
+    line(c, answer)
+}
+
+fn float(w: &[u8]) -> bool {
+    std::str::from_utf8(w).ok().and_then(|s| s.parse::<f64>().ok()).is_some()
+}
