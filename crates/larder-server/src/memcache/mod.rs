@@ -21,6 +21,7 @@ use crate::guard::{BodyClock, Door, Unit};
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -65,6 +66,8 @@ struct Registry {
 }
 
 struct Entry {
+    /// The client's address, for `stats conns`.
+    peer: std::net::SocketAddr,
     /// Milliseconds since `epoch` when the connection last finished a command or read a byte.
     active_ms: AtomicU64,
     /// Inside a command (a data block being read, an answer being written).
@@ -87,6 +90,8 @@ impl Entry {
 /// One memcached listener and its connections.
 pub struct Listener {
     app: Arc<App>,
+    /// The listening address, for `stats conns`.
+    local: Option<std::net::SocketAddr>,
     /// The meta protocol's per-item state.
     items: Items,
     registry: Mutex<Registry>,
@@ -106,7 +111,7 @@ impl Listener {
 
     /// Registers a new connection, closing the longest-quiet idle one if the limit is reached;
     /// `None` when every connection is busy.
-    fn admit(&self) -> Option<(u64, Arc<Entry>, oneshot::Receiver<()>)> {
+    fn admit(&self, peer: std::net::SocketAddr) -> Option<(u64, Arc<Entry>, oneshot::Receiver<()>)> {
         let mut r = self.registry.lock();
         if r.open.len() >= self.app.settings.max_connections {
             let now = self.now_ms();
@@ -125,6 +130,7 @@ impl Listener {
         }
         let (tx, rx) = oneshot::channel();
         let entry = Arc::new(Entry {
+            peer,
             active_ms: AtomicU64::new(self.now_ms()),
             busy: AtomicBool::new(false),
             close: Mutex::new(Some(tx)),
@@ -133,6 +139,30 @@ impl Listener {
         r.next_id += 1;
         r.open.insert(id, entry.clone());
         Some((id, entry, rx))
+    }
+
+    /// `stats conns`: the listening socket, then each connection with its address, whether
+    /// it is inside a command, and the seconds since it last was.
+    fn conns(&self) -> String {
+        let now = self.now_ms();
+        let mut out = String::new();
+        let tcp = |a: std::net::SocketAddr| format!("tcp:{a}");
+        let local = self.local.map_or_else(String::new, tcp);
+        let _ = write!(out, "STAT 0:addr {local}\r\nSTAT 0:state conn_listening\r\nSTAT 0:secs_since_last_cmd 0\r\n");
+        let r = self.registry.lock();
+        let mut open: Vec<_> = r.open.iter().collect();
+        open.sort_by_key(|(id, _)| **id);
+        for (id, e) in open {
+            let state = if e.busy.load(Ordering::Acquire) { "conn_nread" } else { "conn_parse_cmd" };
+            let quiet = now.saturating_sub(e.active_ms.load(Ordering::Relaxed)) / 1000;
+            let _ = write!(
+                out,
+                "STAT {id}:addr {}\r\nSTAT {id}:listen_addr {local}\r\nSTAT {id}:state {state}\r\nSTAT {id}:secs_since_last_cmd {quiet}\r\n",
+                tcp(e.peer)
+            );
+        }
+        out.push_str("END\r\n");
+        out
     }
 
     /// Closes the connections that have waited between commands for longer than `idle`.
@@ -165,6 +195,7 @@ pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
 /// read and closes it, waiting for them up to `--shutdown-timeout`.
 pub async fn run(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
     let l = Arc::new(Listener {
+        local: listener.local_addr().ok(),
         app: app.clone(),
         items: Items::default(),
         registry: Mutex::new(Registry::default()),
@@ -186,9 +217,9 @@ pub async fn run(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Rece
             _ = clock.tick() => l.clock_ms.store(l.epoch.elapsed().as_millis() as u64, Ordering::Relaxed),
             _ = scan.tick(), if !idle.is_zero() => l.close_idle(idle),
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
+                Ok((stream, peer)) => {
                     counters().total_connections.fetch_add(1, Ordering::Relaxed);
-                    match l.admit() {
+                    match l.admit(peer) {
                         Some((id, entry, close)) => {
                             conns.spawn(serve(l.clone(), stream, close, id, entry));
                         }

@@ -167,7 +167,8 @@ pub(super) async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
         Some(b"settings") => return settings(c, store),
         // As memcached without -o track_sizes.
         Some(b"sizes") => return "STAT sizes_status disabled\r\nEND\r\n".into(),
-        Some(b"conns" | b"extstore") => return "END\r\n".into(),
+        Some(b"conns") => return c.listener.conns(),
+        Some(b"extstore") => return "END\r\n".into(),
         Some(_) => return "ERROR\r\n".into(),
     }
     let Ok(s) = blocking(&c.app, |s| Ok(s.stats())).await else { return "SERVER_ERROR stats unavailable\r\n".into() };
