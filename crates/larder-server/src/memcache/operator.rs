@@ -155,9 +155,9 @@ async fn metadump(c: &mut Conn, which: &[u8]) -> Result<(), End> {
         }
         let exp = if k.expiry_ms == 0 { -1 } else { k.expiry_ms.div_ceil(1000) as i64 };
         let fetch = if fetched { "yes" } else { "no" };
-        let _ = write!(
+        let _ = writeln!(
             Lines(out),
-            " exp={exp} la={} cas={} fetch={fetch} cls={CLASS} size={}\n",
+            " exp={exp} la={} cas={} fetch={fetch} cls={CLASS} size={}",
             last / 1000,
             k.stored_ms,
             k.len
