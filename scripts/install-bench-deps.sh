@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the benchmark scripts and tests need when it is missing: wrk, curl, nginx, python3,
-# and the memcached peers the memcached-protocol tests compare with and drive (Debian's memcached,
-# libmemcached's tools, pymemcache, Ruby's Dalli). Needs root (or sudo) on Debian/Ubuntu.
+# the memcached peers the memcached-protocol tests compare with and drive (Debian's memcached,
+# libmemcached's tools, pymemcache, Ruby's Dalli), and twemproxy (Debian's nutcracker), the
+# memcached router of the cluster test. Needs root (or sudo) on Debian/Ubuntu.
 set -euo pipefail
 need=()
 command -v wrk >/dev/null || need+=(wrk)
@@ -11,6 +12,8 @@ command -v python3 >/dev/null || need+=(python3)
 command -v taskset >/dev/null || need+=(util-linux)
 [ -x /usr/bin/memcached ] || need+=(memcached)
 command -v memccp >/dev/null || need+=(libmemcached-tools)
+# twemproxy, the memcached router the cluster test puts in front of larder nodes.
+[ -x /usr/sbin/nutcracker ] || need+=(nutcracker)
 /usr/bin/python3 -c 'import pymemcache' 2>/dev/null || need+=(python3-pymemcache)
 command -v ruby >/dev/null && ruby -e 'require "dalli"' 2>/dev/null || need+=(ruby ruby-dalli)
 if [ ${#need[@]} -gt 0 ]; then

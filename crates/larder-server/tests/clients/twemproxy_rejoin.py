@@ -190,12 +190,6 @@ def placement():
     print(json.dumps(result))
 
 
-def wait_ejected_and_back(note):
-    """After a node went down: writes and reads go on until the proxy has ejected it (they
-    then succeed); `retrying` covers the failures before."""
-    log(note)
-
-
 def rejoin(safe):
     nodes = [start_node(k, safe, "ketama-fnv1a_64", safe) for k in range(3)]
     start_proxy("fnv1a_64")
@@ -212,8 +206,13 @@ def rejoin(safe):
     log(f"v2 written in {time.time() - t:.1f} s with node {victim} down")
     # It comes back on its data, and rejoins once the proxy tries it again.
     nodes[victim] = start_node(victim, safe, "ketama-fnv1a_64", safe)
-    time.sleep(RETRY_MS / 1000 + 0.5)
-    retrying(lambda c: c.get(key(mine[0])), "a read to let the proxy take the node back")
+    # Until the proxy tries it again (server_retry_timeout), its keys are read from the
+    # others, where they are v2; from then on from the node itself.
+    deadline = time.time() + 4 * RETRY_MS / 1000 + 5
+    while retrying(lambda c: c.get(key(mine[0])), "a read of one of its keys") == f"v2:{mine[0]}".encode():
+        if time.time() > deadline:
+            sys.exit("the proxy did not take the restarted node back")
+        time.sleep(0.1)
     got = read_all()
     stale_rejoin = sum(1 for i in range(KEYS) if got.get(key(i), b"v2").decode().split(":")[0] != "v2")
     missing_rejoin = sum(1 for i in range(KEYS) if key(i) not in got)
