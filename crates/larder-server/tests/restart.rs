@@ -55,3 +55,49 @@ fn sigterm_finishes_the_request_in_flight() {
     s.restart();
     assert_eq!(s.client().get("/inflight").body, value);
 }
+
+/// The alive stamp survives SIGKILL: a node killed and restarted within `--max-downtime` keeps
+/// every key, and knows how long it was down; one down longer starts empty (as if flush_all
+/// had been sent when it stopped), says so in stats and metrics, and takes writes at once.
+#[test]
+fn a_node_down_longer_than_max_downtime_starts_empty_and_a_quick_restart_keeps_all() {
+    let args = ["--max-downtime", "3s"];
+    let mut s = Server::start(&args);
+    let mut c = s.client();
+    for i in 0..200u64 {
+        assert_eq!(c.put(&format!("/k/{i}"), &bytes(i, 100)).status, 200);
+    }
+    // Let the stamp be renewed a few times, then kill and restart at once.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    s.kill();
+    s.restart();
+    let st = s.stats();
+    let down = st["downtime_ms"].as_u64().expect("a downtime, from the stamp the killed node left");
+    assert!(down < 3_000, "{st}");
+    assert_eq!(st["started_empty"], false);
+    let mut c = s.client();
+    for i in 0..200u64 {
+        assert_eq!(c.get(&format!("/k/{i}")).body, bytes(i, 100), "k/{i} after a quick restart");
+    }
+    // Killed again, and down for longer than --max-downtime.
+    s.kill();
+    std::thread::sleep(std::time::Duration::from_millis(3500));
+    s.restart();
+    let st = s.stats();
+    assert!(st["downtime_ms"].as_u64().unwrap() >= 3_000, "{st}");
+    assert_eq!(st["started_empty"], true, "{st}");
+    let mut c = s.client();
+    for i in 0..200u64 {
+        assert_eq!(c.get(&format!("/k/{i}")).status, 404, "k/{i} served after a long absence");
+    }
+    let metrics = String::from_utf8(c.get("/_larder/metrics").body).unwrap();
+    assert!(metrics.contains("\nlarder_started_empty 1\n"), "{metrics}");
+    assert_eq!(c.put("/k/new", b"fresh").status, 200);
+    assert_eq!(c.get("/k/new").body, b"fresh");
+    // Without the flag, a long absence keeps everything (the default: a warm restart).
+    s.kill();
+    std::thread::sleep(std::time::Duration::from_millis(3500));
+    s.restart_with(&[]);
+    assert_eq!(s.client().get("/k/new").body, b"fresh");
+    assert_eq!(s.stats()["started_empty"], false);
+}
