@@ -312,5 +312,14 @@ fn three_nodes_behind_nginx_then_one_down_then_a_fourth() {
     let fraction = moved as f64 / KEYS as f64;
     println!("3 -> 4 nodes: {moved} of {KEYS} keys moved ({:.1}%; ideal 25%)", fraction * 100.0);
     assert!((0.15..=0.35).contains(&fraction), "{:.1}% of the keys moved", fraction * 100.0);
+    // `larder flush --cluster` flushes every node of an nginx ring over HTTP.
+    let out = Command::new(env!("CARGO_BIN_EXE_larder"))
+        .args(["flush", "--cluster", "--cluster-hash", "nginx", "--cluster-nodes", &nodes(base, 4).join(",")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "larder flush --cluster: {}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).matches("\tflushed").count(), 4);
+    let found = each_key(base, &all, |c, i| c.get(&key(i)).status == 200);
+    assert_eq!(found.iter().filter(|&&f| f).count(), 0, "keys served after the cluster was flushed");
     cluster.stop();
 }

@@ -51,9 +51,16 @@ fn with_a_token_no_memcached_command_reads_writes_or_flushes_without_the_credent
         "md victim",
         "ma victim",
         "stats",
+        "stats cachedump 1 0",
+        "lru_crawler metadump all",
+        "watch",
+        "shutdown",
     ] {
         assert_eq!(m.ask(format!("{line}\r\n").as_bytes(), "\r\n"), "CLIENT_ERROR unauthenticated\r\n", "{line}");
     }
+    // The HTTP door's flush, and the key dumps' counterparts, want the token too.
+    assert_eq!(c.request("POST", "/_larder/flush", &[], b"").status, 401);
+    assert_eq!(c.request("POST", "/_larder/flush", &[("authorization", "Bearer wrong")], b"").status, 401);
     // A refused meta set's data block is read past: the next command is answered in step.
     assert_eq!(m.ask(b"ms victim 8 T0\r\nattacker\r\nmn\r\n", "MN\r\n"), "CLIENT_ERROR unauthenticated\r\nMN\r\n");
     assert!(m.ask(b"version\r\n", "\r\n").starts_with("VERSION "), "health stays open");
@@ -125,6 +132,7 @@ fn read_only_refuses_every_write_on_every_door_and_changes_nothing() {
     let mut c = s.client();
     assert_eq!(c.put("/a", b"other").status, 403);
     assert_eq!(c.delete("/a").status, 403);
+    assert_eq!(c.request("POST", "/_larder/flush", &[], b"").status, 403);
 
     let mut m = Mc::connect(&s);
     const RO: &str = "SERVER_ERROR this server is read-only\r\n";
