@@ -86,3 +86,22 @@ def _bindable(port: int) -> bool:
             return True
         except OSError:
             return False
+
+
+def test_the_client_and_larder_owner_pick_the_same_node() -> None:
+    # A node told the ring (--cluster-nodes) decides which keys it owns as `larder owner`
+    # does: the client's placement must be that one too, for odd keys as well.
+    from larder._keys import Ring, canonical
+
+    servers = ["127.0.0.1:8001", "127.0.0.1:8002", "10.0.0.7:80", "[::1]:8004"]
+    ring = Ring(servers)
+    ks = keys()[:3000]
+    out = subprocess.run(
+        [larder_bin(), "owner", "--cluster-hash", "nginx", "--cluster-nodes", ",".join(servers), *ks],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    assert len(out) == len(ks)
+    disagree = [k for k, line in zip(ks, out) if servers[ring.owner(canonical(k))] != line.split("\t")[-1]]
+    assert disagree == []
