@@ -11,7 +11,7 @@
 mod common;
 use common::{bytes, Client};
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -86,17 +86,6 @@ impl Drop for Cluster {
 
 fn signal(sig: &str, pid: u32) {
     let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
-}
-
-/// A base port with it and the next four free.
-fn free_base() -> u16 {
-    for i in 0..200u32 {
-        let base = 20_000 + ((std::process::id() * 7 + i * 101) % 40_000) as u16;
-        if (base..=base + 4).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
-            return base;
-        }
-    }
-    panic!("no free ports");
 }
 
 fn addr(port: u16) -> SocketAddr {
@@ -174,7 +163,7 @@ fn answered_by(r: &common::Resp, base: u16) -> Option<usize> {
 fn three_nodes_behind_nginx_then_one_down_then_a_fourth() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cluster");
-    let base = free_base();
+    let base = common::free_ports(4);
     let all: Vec<usize> = (0..KEYS).collect();
     let cluster = Cluster::start(3, base, &dir);
 

@@ -13,22 +13,12 @@
 //! nutcracker, python3 and pymemcache are installed by scripts/install-bench-deps.sh; without
 //! them this test fails.
 
-use std::net::TcpListener;
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 const NUTCRACKER: &str = "/usr/sbin/nutcracker";
-
-/// A base port with the 24 after it free (proxy, stats, three memcached and three HTTP ports).
-fn free_base() -> u16 {
-    for i in 0..200u32 {
-        let base = 20_000 + ((std::process::id() * 13 + i * 137) % 40_000) as u16;
-        if (base..=base + 24).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
-            return base;
-        }
-    }
-    panic!("no free ports");
-}
 
 fn scenario(args: &[&str]) -> serde_json::Value {
     assert!(Path::new(NUTCRACKER).exists(), "{NUTCRACKER} is missing: scripts/install-bench-deps.sh installs it");
@@ -36,7 +26,8 @@ fn scenario(args: &[&str]) -> serde_json::Value {
     let manifest = env!("CARGO_MANIFEST_DIR");
     let script = format!("{manifest}/tests/clients/twemproxy_rejoin.py");
     let template = format!("{manifest}/../../deploy/twemproxy/nutcracker.yml");
-    let base = free_base().to_string();
+    // The proxy, its stats, three memcached and three HTTP ports.
+    let base = common::free_ports(24).to_string();
     // Debian's python3, where python3-pymemcache is installed.
     let out = Command::new("/usr/bin/python3")
         .args([&script, env!("CARGO_BIN_EXE_larder"), NUTCRACKER, &template, dir.path().to_str().unwrap(), &base])

@@ -33,8 +33,8 @@ pub fn rejoin(store: &larder_engine::Store, max_downtime: Option<Duration>) -> l
     tracing::warn!(
         target: "larder::lifecycle",
         keys = stats.keys,
-        "down for {down}, more than --max-downtime {:?}: started empty, as if flush_all had been sent when it stopped",
-        max
+        "down for {down}, more than --max-downtime {:.1} s: started empty, as if flush_all had been sent when it stopped",
+        max.as_secs_f64()
     );
     Ok(true)
 }

@@ -320,3 +320,15 @@ pub fn peak_growth<T>(s: &Server, f: impl FnOnce() -> T) -> (T, u64) {
     });
     (out, peak.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(before))
 }
+
+/// A loopback port with it and the `span` after it free, for tests that run several servers
+/// on consecutive ports (clusters).
+pub fn free_ports(span: u16) -> u16 {
+    for i in 0..200u32 {
+        let base = 20_000 + ((std::process::id() * 7 + i * 101) % 40_000) as u16;
+        if (base..=base + span).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            return base;
+        }
+    }
+    panic!("no {span} free ports in a row");
+}
