@@ -44,6 +44,12 @@ pub struct StoreConfig {
     /// Writes of the keys it selects live at most this long, whatever expiry they ask for
     /// (a cluster node caps the keys it does not own); counted in `Stats::capped_writes`.
     pub expiry_cap: Option<ExpiryCap>,
+    /// A store down longer than this, by its alive stamp (or for a time it cannot know), opens
+    /// as if `flush_all` had been sent when it went down: before it is stamped alive again, so
+    /// that a failure in between leaves the old stamp. While open, a process that did not run
+    /// for longer than this (plus two renewals: paused, starved) flushes the same way. Counted
+    /// in `Stats::downtime_flushes`. `None`: never (a restart keeps everything).
+    pub max_downtime: Option<Duration>,
 }
 
 /// A bound on the life of the values of some keys: [`StoreConfig::expiry_cap`].
@@ -66,13 +72,14 @@ impl std::fmt::Debug for ExpiryCap {
 
 impl ExpiryCap {
     /// The expiry time (ms, 0 = never) a write of `key` at clock time `now` gets when it asks
-    /// for `expiry_ms`, and whether the cap shortened it.
+    /// for `expiry_ms`, and whether the cap applies to the key (whether or not it shortened
+    /// the expiry).
     pub fn apply(&self, key: &[u8], expiry_ms: u64, now: u64) -> (u64, bool) {
-        let most = now.max(1).saturating_add(self.most.as_millis() as u64);
-        match expiry_ms {
-            e if (e == 0 || e > most) && (self.applies)(key) => (most, true),
-            e => (e, false),
+        if !(self.applies)(key) {
+            return (expiry_ms, false);
         }
+        let most = now.max(1).saturating_add(self.most.as_millis() as u64);
+        (if expiry_ms == 0 { most } else { expiry_ms.min(most) }, true)
     }
 }
 
@@ -91,6 +98,7 @@ impl StoreConfig {
             reinsert_min_hits: 1,
             reinsert_share: 0.2,
             expiry_cap: None,
+            max_downtime: None,
         }
     }
 }

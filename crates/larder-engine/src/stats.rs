@@ -75,8 +75,10 @@ pub struct Stats {
     pub read_failures: u64,
     /// Bytes of dead large values' chunks given back to the file system (holes punched).
     pub punched_bytes: u64,
-    /// Writes (puts and touches) whose expiry `StoreConfig::expiry_cap` shortened.
+    /// Writes (puts and touches) of keys `StoreConfig::expiry_cap` applies to.
     pub capped_writes: u64,
+    /// Flushes for `StoreConfig::max_downtime`: at open, or after a stall while open.
+    pub downtime_flushes: u64,
     /// Bytes of disk the volume files occupy (less than `bytes_used` where holes were punched).
     pub allocated_bytes: u64,
     /// What the last recovery found.
@@ -152,6 +154,7 @@ pub(crate) struct Counters {
     pub read_failures: AtomicU64,
     pub punched_bytes: AtomicU64,
     pub capped_writes: AtomicU64,
+    pub downtime_flushes: AtomicU64,
 }
 
 /// Figures from a recovery, reported in stats.
@@ -188,6 +191,8 @@ pub struct RecoveryReport {
     /// recovery. `None` when unknown: no directory had a sound stamp (a new store, or one
     /// last open before stamps existed), or the stamp is ahead of the clock.
     pub down_ms: Option<u64>,
+    /// Whether the store opened empty: down longer than `StoreConfig::max_downtime`.
+    pub started_empty: bool,
 }
 
 /// How far a recovery in progress has come, updated as it goes (every 65,536 records), so

@@ -130,7 +130,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
             }
             crate::guard::render_metrics(&app.policy);
             crate::memcache::render_metrics();
-            let text = app.metrics.render(stats.as_ref(), app.started_empty.load(Ordering::Relaxed));
+            let text = app.metrics.render(stats.as_ref());
             let mut r = Response::new(Body::full(Bytes::from(text)));
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
             r
@@ -184,7 +184,8 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
                 "allocated_bytes": s.allocated_bytes,
                 "degraded": s.degraded,
                 "downtime_ms": s.recovery.down_ms,
-                "started_empty": app.started_empty.load(Ordering::Relaxed),
+                "started_empty": s.recovery.started_empty,
+                "downtime_flushes": s.downtime_flushes,
                 "cluster": app.settings.cluster.as_ref().map(|c| serde_json::json!({
                     "self": c.ring.nodes()[c.me].name,
                     "hash": c.ring.placement().name(),

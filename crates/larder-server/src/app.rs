@@ -27,8 +27,6 @@ pub struct App {
     pub started: Instant,
     /// Set on SIGTERM/SIGINT: health answers 503 and every answer closes its connection.
     pub shutting_down: AtomicBool,
-    /// Set at start when the node was down longer than `--max-downtime` and flushed.
-    pub started_empty: AtomicBool,
     /// Room for client input held in memory (`--max-body-memory`), and for the pieces of
     /// large values being sent.
     pub body_budget: crate::guard::budget::Budget,

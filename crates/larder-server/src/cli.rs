@@ -216,11 +216,21 @@ pub fn flush(a: FlushArgs) -> i32 {
             Err(code) => code,
         };
     }
+    if a.delay > 30 * 86_400 {
+        return fail("--delay is at most 30 days (memcached reads more as a Unix time)");
+    }
     let ring = match a.ring.resolve(a.config.as_ref()) {
         Ok(Some(r)) => r,
         Ok(None) => return fail("--cluster needs --cluster-nodes (and --cluster-hash), or --config"),
         Err(e) => return fail(e),
     };
+    // A node is reached at its name: a router's server given by name (twemproxy) or by a
+    // socket path has none to reach.
+    if let Some(n) =
+        ring.nodes().iter().find(|n| n.name.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()))
+    {
+        return fail(format!("node {:?} is not a host:port address to reach; list the nodes by address", n.name));
+    }
     let mut failed = 0;
     for node in ring.nodes() {
         let done = match ring.placement() {

@@ -69,7 +69,6 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         progress: RecoveryProgress::default(),
         started: Instant::now(),
         shutting_down: AtomicBool::new(false),
-        started_empty: AtomicBool::new(false),
         body_budget: crate::guard::budget::Budget::new(settings.max_body_memory),
         uploads: tokio::sync::Semaphore::new(crate::app::MAX_STREAMED_UPLOADS),
     });
@@ -92,6 +91,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                 memory: s.memory.clone(),
                 reinsert_min_hits: s.reinsert_min_hits,
                 expiry_cap: crate::guard::ring::foreign_cap(s),
+                max_downtime: s.max_downtime,
                 ..StoreConfig::new(&s.data_dir[0])
             };
             // Test builds only: log writes from the start, for a simulated power cut.
@@ -102,12 +102,9 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                     }
                 }
             }
-            let r = Store::open_observed(cfg, &app.progress).and_then(|store| {
+            let r = Store::open_observed(cfg, &app.progress).map(|store| {
                 log_recovered(&store, app.started.elapsed());
-                let flushed = crate::guard::ring::rejoin(&store, s.max_downtime)?;
-                app.started_empty.store(flushed, Ordering::Relaxed);
                 let _ = app.store.set(store);
-                Ok(())
             });
             let dirs: Vec<String> = s.data_dir.iter().map(|d| d.display().to_string()).collect();
             let _ = ready_tx.send(r.map_err(|e| format!("cannot open the store in {}: {e}", dirs.join(", "))));

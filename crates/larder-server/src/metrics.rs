@@ -93,9 +93,8 @@ impl Metrics {
 
     /// The Prometheus text exposition, with the engine's figures as of now (`None` while
     /// recovering).
-    pub fn render(&self, stats: Option<&Stats>, started_empty: bool) -> String {
+    pub fn render(&self, stats: Option<&Stats>) -> String {
         gauge!("larder_ready").set(if stats.is_some() { 1.0 } else { 0.0 });
-        gauge!("larder_started_empty").set(if started_empty { 1.0 } else { 0.0 });
         counter!("larder_http_received_bytes_total").absolute(self.bytes_in.load(Ordering::Relaxed));
         counter!("larder_http_sent_bytes_total").absolute(self.bytes_out.load(Ordering::Relaxed));
         if let Some(s) = stats {
@@ -143,6 +142,8 @@ fn engine(s: &Stats) {
     gauge!("larder_allocated_bytes").set(s.allocated_bytes as f64);
     gauge!("larder_recovery_duration_seconds").set(s.recovery.millis as f64 / 1000.0);
     counter!("larder_foreign_writes_total").absolute(s.capped_writes);
+    gauge!("larder_started_empty").set(if s.recovery.started_empty { 1.0 } else { 0.0 });
+    counter!("larder_downtime_flushes_total").absolute(s.downtime_flushes);
     if let Some(ms) = s.recovery.down_ms {
         gauge!("larder_downtime_seconds").set(ms as f64 / 1000.0);
     }
@@ -184,6 +185,10 @@ fn describe() {
     );
     g!("larder_downtime_seconds", Unit::Seconds, "How long the node was down before this start (absent: unknown).");
     g!("larder_started_empty", "1 if the node was down longer than --max-downtime and started as if flushed.");
+    c!(
+        "larder_downtime_flushes_total",
+        "Flushes for --max-downtime: at start, or after the process did not run for that long."
+    );
     c!("larder_puts_total", "Values stored.");
     c!("larder_deletes_total", "Keys deleted.");
     g!("larder_index_keys", "Keys in the index.");

@@ -59,6 +59,8 @@ fn a_node_that_was_ejected_rejoins_without_stale_reads() {
     let safe = scenario(&["rejoin", "safe"]);
     assert!(safe["victim_keys"].as_u64().unwrap() > 2_000, "{safe}");
     assert_eq!(safe["stale_after_rejoin"], 0, "{safe}");
+    // The node came back empty, and was read from: every one of its keys a miss.
+    assert_eq!(safe["missing_after_rejoin"], safe["victim_keys"], "{safe}");
     assert_eq!(safe["stale_after_second_failure"], 0, "{safe}");
     // The outage's writes of the victim's keys were foreign on the nodes that took them.
     let foreign: u64 = safe["foreign_writes"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).sum();

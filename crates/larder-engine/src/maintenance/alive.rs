@@ -11,9 +11,10 @@ use crate::clock::now_ms;
 use crate::disk::dirs::DataDir;
 use crate::disk::Disk;
 use crate::format::alive;
-use crate::io;
+use crate::{io, Result};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often the stamp is renewed.
 pub const EVERY: Duration = Duration::from_secs(1);
@@ -28,6 +29,28 @@ pub(crate) fn last_stamp(dirs: &[DataDir]) -> Option<u64> {
 /// or one in the future: the clock stepped back, so no interval can be trusted).
 pub(crate) fn downtime(stamp: Option<u64>, now: u64) -> Option<u64> {
     stamp.filter(|&s| s <= now.saturating_add(EVERY.as_millis() as u64)).map(|s| now.saturating_sub(s))
+}
+
+/// At open, before the store is stamped alive: a store down longer than
+/// `StoreConfig::max_downtime` (or for a time it cannot know) is flushed as if `flush_all`
+/// had been sent when it went down. A failure here fails the open and leaves the old stamp.
+pub(crate) fn rejoin(disk: &mut Disk) -> Result<()> {
+    let Some(max) = disk.ring.cfg.max_downtime else { return Ok(()) };
+    let down = disk.recovery.down_ms;
+    if down.is_some_and(|d| d <= max.as_millis() as u64) || disk.index.len() == 0 {
+        return Ok(());
+    }
+    disk.flush_all(0)?;
+    disk.recovery.started_empty = true;
+    disk.ring.counters.downtime_flushes.fetch_add(1, Ordering::Relaxed);
+    let down = down.map_or("an unknown time (no alive stamp)".to_string(), |d| format!("{:.1} s", d as f64 / 1000.0));
+    tracing::warn!(
+        keys = disk.index.len(),
+        "down for {down}, more than the longest downtime allowed ({:.1} s): opened empty, as if flush_all had \
+         been sent when it went down",
+        max.as_secs_f64()
+    );
+    Ok(())
 }
 
 /// The stamp files of the usable data directories, kept open.
@@ -56,11 +79,33 @@ impl Stamps {
         }
     }
 
-    /// Renews the stamps until the store closes, then writes a last one.
+    /// Renews the stamps until the store closes, then writes a last one. A renewal that comes
+    /// more than `max_downtime` (and two renewals) late means the process did not run that
+    /// long (paused, starved), which a router may have taken for a node down: flushed, as a
+    /// restart after that long would be. Timed by the monotonic clock, which a step of the
+    /// wall clock does not move.
     pub fn keep(self, disk: Arc<Disk>) {
+        let late = disk.ring.cfg.max_downtime.map(|m| m + 2 * EVERY);
+        let mut last = Instant::now();
         let mut stop = disk.stop.lock();
         while !*stop {
             disk.stop_cv.wait_for(&mut stop, EVERY);
+            let gap = last.elapsed();
+            last = Instant::now();
+            if late.is_some_and(|l| gap > l) {
+                // Without the stop lock: the syncer takes it, then the writer lock a flush takes.
+                match parking_lot::MutexGuard::unlocked(&mut stop, || disk.flush_all(0)) {
+                    Ok(()) => {
+                        disk.ring.counters.downtime_flushes.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            "the process did not run for {:.1} s, more than the longest downtime allowed: flushed, as \
+                             after a restart",
+                            gap.as_secs_f64()
+                        );
+                    }
+                    Err(e) => tracing::error!(error = %e, "could not flush after the process stalled"),
+                }
+            }
             self.stamp();
         }
     }

@@ -55,14 +55,20 @@ impl Store {
     }
 
     /// The expiry time a write of `key` at clock time `now` gets when it asks for
-    /// `expiry_ms`: shortened, and counted, where `StoreConfig::expiry_cap` applies.
-    pub(crate) fn capped(&self, key: &[u8], expiry_ms: u64, now: u64) -> u64 {
-        let Some(cap) = &self.disk.ring.cfg.expiry_cap else { return expiry_ms };
-        let (at, shortened) = cap.apply(key, expiry_ms, now);
-        if shortened {
+    /// `expiry_ms`, cut where `StoreConfig::expiry_cap` applies; and whether it applies (the
+    /// caller counts the write once it has landed: [`Store::count_capped`]).
+    pub(crate) fn capped(&self, key: &[u8], expiry_ms: u64, now: u64) -> (u64, bool) {
+        match &self.disk.ring.cfg.expiry_cap {
+            Some(cap) => cap.apply(key, expiry_ms, now),
+            None => (expiry_ms, false),
+        }
+    }
+
+    /// Counts a write the expiry cap applied to, once it is in the index.
+    pub(crate) fn count_capped(&self, applied: bool) {
+        if applied {
             self.disk.ring.counters.capped_writes.fetch_add(1, Ordering::Relaxed);
         }
-        at
     }
 
     /// Whether a value of `len` bytes may enter the memory tier (`MemoryConfig::max_value`).
@@ -180,6 +186,7 @@ impl Store {
             read_failures: c.read_failures.load(Ordering::Relaxed),
             punched_bytes: c.punched_bytes.load(Ordering::Relaxed),
             capped_writes: c.capped_writes.load(Ordering::Relaxed),
+            downtime_flushes: c.downtime_flushes.load(Ordering::Relaxed),
             allocated_bytes: sh.ring.slots.iter().filter_map(|s| s.file()?.allocated().ok()).sum(),
             rotations: c.rotations.load(Ordering::Relaxed),
             volumes_evicted: c.volumes_evicted.load(Ordering::Relaxed),

@@ -118,6 +118,8 @@ impl Store {
             dirs::save_manifest(m, &ring.dirs)?;
         }
 
+        // Before the store is stamped alive (below), so that a failure leaves the old stamp.
+        crate::maintenance::alive::rejoin(&mut disk)?;
         let disk = Arc::new(disk);
         let (tx, rx) = mpsc::channel();
         disk.set_jobs(Some(tx));

@@ -304,7 +304,8 @@ impl Store {
             // By the clock, which expiry is checked against, not by the stamp: the stamp runs
             // ahead of the clock after it stepped back.
             let now = now_ms();
-            header.expiry_ms = self.capped(key, opts.expiry.at_ms(now), now);
+            let capped;
+            (header.expiry_ms, capped) = self.capped(key, opts.expiry.at_ms(now), now);
             let rec = Append { header, key, meta: &meta_block, value, value_crc };
             let Some((pos, loc)) = sh.append(&mut w, wait, &rec)? else {
                 return Ok(None);
@@ -322,6 +323,7 @@ impl Store {
                 sh.heads.insert(loc.slot, generation, loc.offset);
             }
             let before = sh.index.insert(hash, loc);
+            self.count_capped(capped);
             let seen = Seen { loc, generation };
             if always {
                 w.undo.push(Undo { hash, key: key.into(), before, after: Some(loc) });
@@ -485,7 +487,8 @@ impl Store {
                 continue;
             }
             let mut header = rec.header;
-            header.expiry_ms = self.capped(key, expiry.at_ms(now), now);
+            let capped;
+            (header.expiry_ms, capped) = self.capped(key, expiry.at_ms(now), now);
             let value = [rec.value()];
             let replaced = touch.attrs.map(|a| meta::with_attrs(rec.meta(), a));
             let meta_block = replaced.as_deref().unwrap_or(rec.meta());
@@ -497,6 +500,7 @@ impl Store {
             if !sh.index.replace_if_eq(hash, loc, new) {
                 return Ok(None);
             }
+            self.count_capped(capped);
             if header.is_head() {
                 // The copy names the same chunks: the old head goes without freeing them.
                 sh.heads.take(loc.slot, generation.unwrap_or(0), loc.offset);

@@ -20,6 +20,9 @@ use std::fmt::Write;
 const CLASSES: i64 = 64;
 /// The one class larder's items are in.
 const CLASS: i64 = 1;
+/// What memcached's metadump leaves unencoded in a key: RFC 3986's unreserved characters.
+const URI_ENCODE: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 /// Dump lines gathered before they are sent.
 const BATCH: usize = 32 << 10;
 
@@ -150,7 +153,7 @@ async fn metadump(c: &mut Conn, which: &[u8]) -> Result<(), End> {
     dump(c, 0, move |out, k| {
         let (last, fetched) = listener.items.seen(k.key, k.stored_ms);
         out.extend_from_slice(b"key=");
-        for piece in percent_encoding::percent_encode(k.key, percent_encoding::NON_ALPHANUMERIC) {
+        for piece in percent_encoding::percent_encode(k.key, URI_ENCODE) {
             out.extend_from_slice(piece.as_bytes());
         }
         let exp = if k.expiry_ms == 0 { -1 } else { k.expiry_ms.div_ceil(1000) as i64 };
@@ -234,6 +237,9 @@ fn line(c: &mut Conn, l: &str) -> Result<(), End> {
 /// The operator commands other than `stats`, by their words (the name first).
 pub(super) async fn run(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
     counters().count(command_index(b"other"), Outcome::Ok);
+    // As memcached: `noreply` silences a success, never an error.
+    let noreply = words.len() > 1 && words.last() == Some(&&b"noreply"[..]);
+    let words = if noreply { &words[..words.len() - 1] } else { words };
     let arg = |i: usize| words.get(i).copied();
     let n = words.len();
     let answer = match (words[0], arg(1)) {
@@ -241,7 +247,7 @@ pub(super) async fn run(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
         (b"watch", _) => "CLIENT_ERROR watch commands not allowed\r\n",
         (b"slabs", Some(b"automove")) if n == 3 && matches!(arg(2), Some(b"0" | b"1" | b"2")) => "OK\r\n",
         // `-o no_slab_reassign`: there are no slab pages to move.
-        (b"slabs", Some(b"reassign")) if n >= 4 => "CLIENT_ERROR slab reassignment disabled\r\n",
+        (b"slabs", Some(b"reassign")) if n == 4 && !noreply => "CLIENT_ERROR slab reassignment disabled\r\n",
         (b"lru_crawler", Some(b"metadump")) if n >= 3 => return metadump(c, words[2]).await,
         // Expired and flushed items are never served, and the ring reclaims their space: a
         // crawl has nothing to do.
@@ -267,6 +273,9 @@ pub(super) async fn run(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
         }
         _ => "ERROR\r\n",
     };
+    if noreply && answer == "OK\r\n" {
+        return Ok(());
+    }
     line(c, answer)
 }
 

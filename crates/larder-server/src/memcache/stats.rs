@@ -224,7 +224,8 @@ pub(super) async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
     stat("accepting_conns", u64::from(!c.app.stopping()).to_string());
     // larder's own, after memcached's fields.
     stat("foreign_writes", s.capped_writes.to_string());
-    stat("started_empty", u64::from(c.app.started_empty.load(Ordering::Relaxed)).to_string());
+    stat("started_empty", u64::from(s.recovery.started_empty).to_string());
+    stat("downtime_flushes", s.downtime_flushes.to_string());
     out.push_str("END\r\n");
     out
 }

@@ -53,7 +53,9 @@ def start_node(k, aware, hash_name, safe):
     if aware:
         args += ["--cluster-nodes", NODES, "--cluster-self", f"127.0.0.1:{MC[k]}", "--cluster-hash", hash_name]
     if safe:
-        args += ["--foreign-ttl", f"{FOREIGN_TTL}s", "--max-downtime", "0s"]
+        # docs/CLUSTER.md's flags for a router that ejects nodes (the idle timeout off: the
+        # router counts a closed idle connection as a failure).
+        args += ["--foreign-ttl", f"{FOREIGN_TTL}s", "--max-downtime", "0s", "--idle-timeout", "0"]
     p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(f"{DIR}/node-{k}.log", "a"))
     procs.append(p)
     deadline = time.time() + 30
@@ -150,6 +152,14 @@ def owners(hash_name):
     return [NODES.split(",").index(line.split("\t")[1]) for line in out.splitlines()]
 
 
+def gets(k):
+    c = client(MC[k])
+    try:
+        return int(c.stats()[b"cmd_get"])
+    finally:
+        c.close()
+
+
 def foreign_writes(k):
     with urllib.request.urlopen(f"http://127.0.0.1:{HTTP[k]}/_larder/stats", timeout=5) as r:
         return json.load(r)["cluster"]["foreign_writes"]
@@ -207,9 +217,13 @@ def rejoin(safe):
     # It comes back on its data, and rejoins once the proxy tries it again.
     nodes[victim] = start_node(victim, safe, "ketama-fnv1a_64", safe)
     # Until the proxy tries it again (server_retry_timeout), its keys are read from the
-    # others, where they are v2; from then on from the node itself.
+    # others; from then on from the node itself, which counts the get.
     deadline = time.time() + 4 * RETRY_MS / 1000 + 5
-    while retrying(lambda c: c.get(key(mine[0])), "a read of one of its keys") == f"v2:{mine[0]}".encode():
+    while True:
+        before = gets(victim)
+        retrying(lambda c: c.get(key(mine[0])), "a read of one of its keys")
+        if gets(victim) > before:
+            break
         if time.time() > deadline:
             sys.exit("the proxy did not take the restarted node back")
         time.sleep(0.1)

@@ -89,6 +89,11 @@ impl Server {
         assert!(status.success(), "larder exited with {status} after SIGTERM");
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// SIGKILL: no chance to flush anything.
     pub fn kill(&mut self) {
         let mut child = self.child.take().expect("running");
