@@ -23,6 +23,8 @@ const CLASS: i64 = 1;
 /// What memcached's metadump leaves unencoded in a key: RFC 3986's unreserved characters.
 const URI_ENCODE: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+/// The longest a dump waits for its client to take a batch of lines.
+const DUMP_STALL: std::time::Duration = std::time::Duration::from_secs(60);
 /// Dump lines gathered before they are sent.
 const BATCH: usize = 32 << 10;
 
@@ -183,6 +185,9 @@ async fn dump(
     let scan = blocking(&app, move |s| {
         let (mut out, mut listed) = (Vec::with_capacity(BATCH), 0u64);
         s.keys(|k| {
+            if tx.is_closed() {
+                return false; // the client went away (or stalled): stop at once
+            }
             listed += each(&mut out, k) as u64;
             if out.len() >= BATCH && tx.blocking_send(Bytes::from(std::mem::take(&mut out))).is_err() {
                 return false; // the client went away
@@ -199,7 +204,12 @@ async fn dump(
     loop {
         tokio::select! {
             batch = rx.recv() => match batch {
-                Some(b) => c.send(b).await?,
+                // A client that stops taking a dump is closed, whatever --idle-timeout says: the
+                // scan holds a thread of the blocking pool while it waits.
+                Some(b) => match tokio::time::timeout(DUMP_STALL, c.send(b)).await {
+                    Ok(sent) => sent?,
+                    Err(_) => return Err(End::Closed),
+                },
                 None => break,
             },
             r = &mut scan, if ended.is_none() => ended = Some(r),
