@@ -327,13 +327,14 @@ pub fn peak_growth<T>(s: &Server, f: impl FnOnce() -> T) -> (T, u64) {
 }
 
 /// A loopback port with it and the `span` after it free, for tests that run several servers
-/// on consecutive ports (clusters). Tests of one binary running at once get different ranges
-/// (a range found free is not taken until its servers start).
+/// on consecutive ports (clusters). Below the kernel's ephemeral range (from 32768), so that
+/// no outgoing connection takes one between the check and the servers' start; tests of one
+/// binary running at once get different ranges.
 pub fn free_ports(span: u16) -> u16 {
     static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     for i in 0..200u32 {
-        let base = 20_000 + ((std::process::id() * 7 + call * 4_001 + i * 101) % 40_000) as u16;
+        let base = 20_000 + ((std::process::id() * 7 + call * 4_001 + i * 101) % 12_000) as u16;
         if (base..=base + span).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
             return base;
         }
