@@ -14,7 +14,9 @@ use super::{counters, Conn, End};
 use crate::storeio::blocking;
 use bytes::Bytes;
 use larder_engine::KeyInfo;
-use std::fmt::Write;
+// `fmt::Write` for the stats strings, `io::Write` for the dump lines (a `Vec<u8>`).
+use std::fmt::Write as _;
+use std::io::Write as _;
 
 /// memcached's slab class ids stop below this (`MAX_NUMBER_OF_SLAB_CLASSES`).
 const CLASSES: i64 = 64;
@@ -82,14 +84,14 @@ pub(super) fn slabs(s: &larder_engine::Stats) -> String {
         ("used_chunks", s.keys),
         ("free_chunks", 0),
         ("free_chunks_end", 0),
-        ("get_hits", m.sum(&["get", "gets", "gat", "gats"], &["hit"])),
-        ("cmd_set", m.sum(&["set", "add", "replace", "append", "prepend", "cas"], &super::stats::OUTCOMES)),
+        ("get_hits", m.get_hits()),
+        ("cmd_set", m.cmd_set()),
         ("delete_hits", m.get("delete", "deleted")),
         ("incr_hits", m.get("incr", "hit")),
         ("decr_hits", m.get("decr", "hit")),
         ("cas_hits", m.get("cas", "stored")),
         ("cas_badval", m.get("cas", "exists")),
-        ("touch_hits", m.get("touch", "touched")),
+        ("touch_hits", m.touch_hits()),
     ];
     let mut out = String::new();
     for (name, v) in fields {
@@ -128,7 +130,7 @@ pub(super) async fn cachedump(c: &mut Conn, args: &[&[u8]]) -> Result<(), End> {
         }
         out.extend_from_slice(b"ITEM ");
         out.extend_from_slice(k.key);
-        let _ = write!(Lines(out), " [{} b; {} s]\r\n", k.len, k.expiry_ms.div_ceil(1000));
+        let _ = write!(out, " [{} b; {} s]\r\n", k.len, k.expiry_ms.div_ceil(1000));
         true
     })
     .await
@@ -160,13 +162,8 @@ async fn metadump(c: &mut Conn, which: &[u8]) -> Result<(), End> {
         }
         let exp = if k.expiry_ms == 0 { -1 } else { k.expiry_ms.div_ceil(1000) as i64 };
         let fetch = if fetched { "yes" } else { "no" };
-        let _ = writeln!(
-            Lines(out),
-            " exp={exp} la={} cas={} fetch={fetch} cls={CLASS} size={}",
-            last / 1000,
-            k.stored_ms,
-            k.len
-        );
+        let _ =
+            writeln!(out, " exp={exp} la={} cas={} fetch={fetch} cls={CLASS} size={}", last / 1000, k.stored_ms, k.len);
         true
     })
     .await
@@ -226,16 +223,6 @@ async fn dump(
             tracing::error!(error = %e, "listing the keys failed");
             line(c, "SERVER_ERROR reading the volumes failed\r\n")
         }
-    }
-}
-
-/// A `Vec<u8>` as a `fmt::Write` target.
-struct Lines<'a>(&'a mut Vec<u8>);
-
-impl std::fmt::Write for Lines<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
     }
 }
 

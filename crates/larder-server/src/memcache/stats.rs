@@ -38,6 +38,8 @@ pub const COMMANDS: [&str; 28] = [
     "auth",
     "other",
 ];
+/// The kinds of get.
+const GETS: [&str; 4] = ["get", "gets", "gat", "gats"];
 /// The outcomes counted apart.
 pub const OUTCOMES: [&str; 11] = [
     "hit",
@@ -125,6 +127,21 @@ impl Counters {
     pub(super) fn sum(&self, commands: &[&str], outcomes: &[&str]) -> u64 {
         commands.iter().flat_map(|c| outcomes.iter().map(move |o| self.get(c, o))).sum()
     }
+
+    /// memcached's `get_hits`: keys found by any kind of get.
+    pub(super) fn get_hits(&self) -> u64 {
+        self.sum(&GETS, &["hit"])
+    }
+
+    /// memcached's `cmd_set`: storage commands, whatever their outcome.
+    pub(super) fn cmd_set(&self) -> u64 {
+        self.sum(&["set", "add", "replace", "append", "prepend", "cas"], &OUTCOMES)
+    }
+
+    /// memcached's `touch_hits`: touches and gets-and-touches that found their key.
+    pub(super) fn touch_hits(&self) -> u64 {
+        self.get("touch", "touched") + self.sum(&["gat", "gats"], &["hit"])
+    }
 }
 
 /// `stats settings`: the settings of memcached's that larder has a counterpart of.
@@ -178,7 +195,6 @@ pub(super) async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
         _ => {}
     }
     let now = now_ms();
-    let gets = ["get", "gets", "gat", "gats"];
     let mut out = String::new();
     let mut stat = |name: &str, value: String| {
         out.push_str("STAT ");
@@ -196,12 +212,12 @@ pub(super) async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
     stat("curr_connections", m.curr_connections.load(Ordering::Relaxed).to_string());
     stat("total_connections", m.total_connections.load(Ordering::Relaxed).to_string());
     stat("rejected_connections", m.rejected_connections.load(Ordering::Relaxed).to_string());
-    stat("cmd_get", m.sum(&gets, &["hit", "miss"]).to_string());
-    stat("cmd_set", m.sum(&["set", "add", "replace", "append", "prepend", "cas"], &OUTCOMES).to_string());
+    stat("cmd_get", m.sum(&GETS, &["hit", "miss"]).to_string());
+    stat("cmd_set", m.cmd_set().to_string());
     stat("cmd_flush", m.sum(&["flush_all"], &["ok"]).to_string());
     stat("cmd_touch", m.sum(&["touch", "gat", "gats"], &["touched", "not_found", "hit", "miss"]).to_string());
-    stat("get_hits", m.sum(&gets, &["hit"]).to_string());
-    stat("get_misses", m.sum(&gets, &["miss"]).to_string());
+    stat("get_hits", m.get_hits().to_string());
+    stat("get_misses", m.sum(&GETS, &["miss"]).to_string());
     stat("delete_misses", m.get("delete", "not_found").to_string());
     stat("delete_hits", m.get("delete", "deleted").to_string());
     stat("incr_misses", m.get("incr", "miss").to_string());
@@ -211,7 +227,7 @@ pub(super) async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
     stat("cas_misses", m.get("cas", "not_found").to_string());
     stat("cas_hits", m.get("cas", "stored").to_string());
     stat("cas_badval", m.get("cas", "exists").to_string());
-    stat("touch_hits", (m.get("touch", "touched") + m.sum(&["gat", "gats"], &["hit"])).to_string());
+    stat("touch_hits", m.touch_hits().to_string());
     stat("touch_misses", (m.get("touch", "not_found") + m.sum(&["gat", "gats"], &["miss"])).to_string());
     stat("bytes_read", m.bytes_read.load(Ordering::Relaxed).to_string());
     stat("bytes_written", m.bytes_written.load(Ordering::Relaxed).to_string());
