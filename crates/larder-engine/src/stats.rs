@@ -59,6 +59,14 @@ pub struct Stats {
     pub reinsert_in_memory: u64,
     /// Reads whose record failed its checksum (answered as misses).
     pub corrupt_reads: u64,
+    /// Disk reads that found another key's record where the index pointed: two keys the index
+    /// cannot tell apart (see docs/FORMAT.md, "In-memory index entry"). Answered as misses.
+    pub collision_reads: u64,
+    /// Keys whose index entry another key took (a write of a key the index could not tell
+    /// from it), or that the index gave up when a table grew: misses from then on.
+    pub false_evictions: u64,
+    /// Bytes the index's tables hold.
+    pub index_bytes: u64,
     /// Times the ring moved to the next slot (sealing the volume it left).
     pub rotations: u64,
     /// Volumes whose data the ring overwrote (a slot holding records started afresh).
@@ -145,6 +153,8 @@ pub(crate) struct Counters {
     pub reinsert_skipped: AtomicU64,
     pub reinsert_in_memory: AtomicU64,
     pub corrupt_reads: AtomicU64,
+    pub collision_reads: AtomicU64,
+    pub false_evictions: AtomicU64,
     pub rotations: AtomicU64,
     pub volumes_evicted: AtomicU64,
     pub evicted_entries: AtomicU64,

@@ -128,6 +128,9 @@ fn engine(s: &Stats) {
     counter!("larder_reinserted_total").absolute(s.reinserted);
     counter!("larder_reinserted_bytes_total").absolute(s.reinserted_bytes);
     counter!("larder_checksum_failures_total").absolute(s.corrupt_reads);
+    counter!("larder_index_collision_reads_total").absolute(s.collision_reads);
+    counter!("larder_index_false_evictions_total").absolute(s.false_evictions);
+    gauge!("larder_index_bytes").set(s.index_bytes as f64);
     counter!("larder_disk_reads_total").absolute(s.disk_reads);
     counter!("larder_coalesced_reads_total").absolute(s.coalesced_reads);
     counter!("larder_promotions_total").absolute(s.promotions);
@@ -205,6 +208,9 @@ fn describe() {
     c!("larder_reinserted_total", "Entries copied forward before the ring overwrote their volume.");
     c!("larder_reinserted_bytes_total", Unit::Bytes, "Bytes of records copied forward.");
     c!("larder_checksum_failures_total", "Reads whose record failed its checksum (answered as misses).");
+    c!("larder_index_collision_reads_total", "Disk reads that found another key's record where the index pointed.");
+    c!("larder_index_false_evictions_total", "Keys whose index entry a key the index could not tell apart took.");
+    g!("larder_index_bytes", Unit::Bytes, "Bytes the index's tables hold.");
     c!("larder_disk_reads_total", "Record reads from volume files made for GETs.");
     c!("larder_coalesced_reads_total", "GETs that shared another GET's disk read.");
     c!("larder_promotions_total", "Values copied into the memory tier after disk reads.");

@@ -68,6 +68,12 @@ pub(crate) enum Job {
         /// durable, so a crash never brings back a head whose chunks are holes.
         after: u64,
     },
+    /// A write of the key hashed `hash` replaced the entry naming `loc`, whose header was not
+    /// in the page cache: counts a false eviction if that record is another key's.
+    Replaced {
+        loc: Loc,
+        hash: u64,
+    },
 }
 
 /// The large values' heads on disk, by place (slot, the slot's whole generation, offset), so
@@ -207,6 +213,22 @@ impl Disk {
         let Some(generation) = self.ring.live_generation(loc) else { return };
         if self.heads.take(loc.slot, generation, loc.offset) {
             self.send(Job::Punch { head: loc, generation, after });
+        }
+    }
+
+    /// Counts a false eviction if the entry a write of the key hashed `hash` replaced (naming
+    /// `before`) was another key's. A read that does not wait, after the writer lock; the
+    /// maintenance thread reads what is not in the page cache.
+    pub fn check_replaced(&self, before: Loc, hash: u64) {
+        match self.ring.key_hash_at(before, true) {
+            Some(h) => self.count_replaced(h, hash),
+            None => self.send(Job::Replaced { loc: before, hash }),
+        }
+    }
+
+    pub fn count_replaced(&self, found: Option<u64>, hash: u64) {
+        if found.is_some_and(|h| h != hash) {
+            self.ring.counters.false_evictions.fetch_add(1, Ordering::Relaxed);
         }
     }
 

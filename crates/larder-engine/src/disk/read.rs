@@ -107,7 +107,11 @@ impl Disk {
     /// another key's, a tombstone, or expired (an expired entry is dropped from the index).
     fn value_of(&self, hash: u64, loc: Loc, key: &[u8], rec: Record) -> Option<Value> {
         let h = rec.header;
-        if rec.key() != key || h.is_tombstone() {
+        if rec.key() != key {
+            self.ring.collided();
+            return None;
+        }
+        if h.is_tombstone() {
             return None;
         }
         if rec.dead(self, now_ms()) {
@@ -173,8 +177,11 @@ impl Disk {
                 return Ok(Got::Gone);
             }
         };
-        if h.generation != generation || &front[HEADER_LEN..HEADER_LEN + h.key_len as usize] != key || h.is_tombstone()
-        {
+        if h.generation != generation || h.is_tombstone() {
+            return Ok(Got::Gone);
+        }
+        if &front[HEADER_LEN..HEADER_LEN + h.key_len as usize] != key {
+            self.ring.collided();
             return Ok(Got::Gone);
         }
         if self.dead(h.stored_ms, h.expiry_ms, now_ms()) {
@@ -324,7 +331,11 @@ impl Disk {
     pub fn chunk_table(&self, hash: u64, key: &[u8]) -> Result<Option<(Loc, Vec<large::ChunkRef>, u64)>> {
         let Some(loc) = self.index.get(hash) else { return Ok(None) };
         let Fetch::Record(head) = self.fetch(hash, loc, false)? else { return Ok(None) };
-        if !head.header.is_head() || head.key() != key {
+        if head.key() != key {
+            self.ring.collided();
+            return Ok(None);
+        }
+        if !head.header.is_head() {
             return Ok(None);
         }
         Ok(large::decode(head.value()).map(|t| (loc, t, head.header.stored_ms)))

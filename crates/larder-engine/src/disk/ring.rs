@@ -133,7 +133,39 @@ impl Ring {
         let mut buf = vec![0u8; want];
         let n = self.read(&self.slots[loc.slot as usize], file, &mut buf, loc.offset, false)?.unwrap_or(0);
         let Ok(h) = record::decode_header(&buf[..n], salt) else { return Ok(None) };
-        Ok((h.generation == g && &buf[HEADER_LEN..HEADER_LEN + h.key_len as usize] == key).then_some(h))
+        if h.generation != g {
+            return Ok(None);
+        }
+        if &buf[HEADER_LEN..HEADER_LEN + h.key_len as usize] != key {
+            self.collided();
+            return Ok(None);
+        }
+        Ok(Some(h))
+    }
+
+    /// Counts a read that found another key's record where the index pointed.
+    pub fn collided(&self) {
+        self.counters.collision_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The hash of the key of the live record at `loc`, from its header and key: `Some(None)`
+    /// when the slot has moved on or the read fails; `None` when `nowait` and the read would
+    /// wait for the device.
+    pub fn key_hash_at(&self, loc: Loc, nowait: bool) -> Option<Option<u64>> {
+        let (Some(g), Some(file)) = (self.live_generation(loc), self.slots[loc.slot as usize].file()) else {
+            return Some(None);
+        };
+        let s = &self.slots[loc.slot as usize];
+        let want = (record::size_class_bytes(loc.class) as usize).min(HEADER_LEN + record::MAX_KEY_LEN);
+        let mut buf = vec![0u8; want];
+        let n = match self.read(s, file, &mut buf, loc.offset, nowait) {
+            Ok(Some(n)) => n,
+            Ok(None) => return None,
+            Err(_) => return Some(None),
+        };
+        let Ok(h) = record::decode_header(&buf[..n], s.salt.load(Ordering::Acquire)) else { return Some(None) };
+        let end = HEADER_LEN + h.key_len as usize;
+        Some((h.generation == g && n >= end).then(|| self.hash(&buf[HEADER_LEN..end])))
     }
 
     /// Drops `key` from the index if the entry for its hash really is that key.

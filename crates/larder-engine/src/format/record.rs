@@ -329,31 +329,32 @@ pub fn decode(buf: &[u8], salt: u32) -> Result<RecordRef<'_>, DecodeError> {
     })
 }
 
-/// Encodes a record length (bytes) into a 9-bit size class whose upper bound is at most 1/16
-/// above the length. The index stores the class instead of the length: a reader reads the
-/// upper bound in one positional read and learns the exact length from the header.
+/// Encodes a record length (bytes) into an 8-bit size class whose upper bound is at most 1/8
+/// above the length (exact below 128 bytes). The index stores the class instead of the length:
+/// a reader reads the upper bound in one positional read and learns the exact length from the
+/// header.
 pub fn size_class(len: u64) -> u16 {
     let units = len.div_ceil(ALIGN).max(1);
-    if units < 32 {
+    if units < 16 {
         return units as u16;
     }
-    let top = 63 - units.leading_zeros() as u64; // >= 5
-    let mut shift = top - 4;
-    let mut mant = units >> shift; // 16..=31
+    let top = 63 - units.leading_zeros() as u64; // >= 4
+    let mut shift = top - 3;
+    let mut mant = units >> shift; // 8..=15
     if units & ((1 << shift) - 1) != 0 {
         mant += 1;
     }
-    if mant == 32 {
-        mant = 16;
+    if mant == 16 {
+        mant = 8;
         shift += 1;
     }
-    (32 + (shift - 1) * 16 + (mant - 16)) as u16
+    (16 + (shift - 1) * 8 + (mant - 8)) as u16
 }
 
 /// Upper bound in bytes of a size class made by [`size_class`].
 pub fn size_class_bytes(class: u16) -> u64 {
     let c = class as u64;
-    let units = if c < 32 { c } else { (16 + (c - 32) % 16) << ((c - 32) / 16 + 1) };
+    let units = if c < 16 { c } else { (8 + (c - 16) % 8) << ((c - 16) / 8 + 1) };
     units * ALIGN
 }
 
@@ -485,10 +486,10 @@ mod tests {
         let longest = u32::MAX as u64 + (HEADER_LEN + MAX_KEY_LEN + MAX_META_LEN) as u64;
         for (i, len) in (1..5000u64).chain((1..33).map(|s| 1u64 << s)).chain([longest]).enumerate() {
             let c = size_class(len);
-            assert!(c < 512, "class {c} for {len} does not fit 9 bits");
+            assert!(c < 256, "class {c} for {len} does not fit 8 bits");
             let ub = size_class_bytes(c);
             assert!(ub >= len, "bound {ub} below {len}");
-            assert!(ub <= padded(len) + padded(len) / 16, "bound {ub} too loose for {len}");
+            assert!(ub <= padded(len) + padded(len) / 8, "bound {ub} too loose for {len}");
             if i < 4999 {
                 assert!(c >= last, "class of {len} smaller than of {}", len - 1);
                 last = c;

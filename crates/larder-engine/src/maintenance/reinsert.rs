@@ -15,19 +15,21 @@ pub(crate) fn reinsert(disk: &Disk, memory: Option<&Memory>, slot: usize, genera
     let c = &disk.ring.counters;
     let min = disk.ring.cfg.reinsert_min_hits.min(MAX_HITS);
     let tag = (generation & TAG_MASK) as u8;
-    let mut cands: Vec<(u64, Loc)> = Vec::new();
-    disk.index.for_each(|h, l| {
+    let mut cands: Vec<Loc> = Vec::new();
+    disk.index.for_each(|l| {
         if l.slot as usize == slot && l.tag == tag && l.hits >= min {
-            cands.push((h, l));
+            cands.push(l);
         }
     });
     c.reinsert_candidates.fetch_add(cands.len() as u64, Ordering::Relaxed);
-    cands.sort_unstable_by_key(|&(_, l)| (std::cmp::Reverse(l.hits), l.offset));
+    cands.sort_unstable_by_key(|&l| (std::cmp::Reverse(l.hits), l.offset));
     let budget = (disk.ring.cfg.volume_size as f64 * disk.ring.cfg.reinsert_share.clamp(0.0, 1.0)) as u64;
     let (mut spent, now) = (0, now_ms());
     let (mut batch, mut batch_bytes) = (Vec::new(), 0);
-    for (i, &(hash, loc)) in cands.iter().enumerate() {
-        let r = match disk.fetch(hash, loc, false) {
+    for (i, &loc) in cands.iter().enumerate() {
+        // The index keeps no hash: the record's key gives it (a damaged record, answered as
+        // gone, stays for the reader that meets it).
+        let r = match disk.fetch(0, loc, false) {
             // A large value's head is not copied: its chunks are as old as it is, and die with
             // their volumes whatever happens to the head.
             Ok(Fetch::Record(r)) if !r.header.is_tombstone() && !r.header.is_head() && !r.dead(disk, now) => r,
@@ -47,7 +49,7 @@ pub(crate) fn reinsert(disk: &Disk, memory: Option<&Memory>, slot: usize, genera
             break;
         }
         batch_bytes += r.buf.len();
-        batch.push((hash, loc, r));
+        batch.push((disk.ring.hash(r.key()), loc, r));
         // Small batches: puts wait for the writer lock while a batch is appended.
         if batch_bytes >= 256 << 10 {
             copy_forward(disk, &mut batch);

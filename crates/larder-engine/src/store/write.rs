@@ -347,6 +347,7 @@ impl Store {
         }
         if let Some(before) = before {
             sh.retired(before, seq);
+            sh.check_replaced(before, hash);
         }
         sh.ring.counters.puts.fetch_add(1, Ordering::Relaxed);
         let version = Version { len: total_len, crc: total_crc, stored_ms: header.stored_ms };

@@ -1,0 +1,348 @@
+//! One shard's table: Robin Hood linear probing over 10-byte entries, no wrap-around.
+//!
+//! An entry is 80 bits, little-endian in 10 bytes:
+//! `[loc: lb bits][rem: rb bits][dib: 7 bits]` with `lb + rb = 73` (see `Layout`).
+//! - `dib` is the entry's distance from its home slot: the home, and through it the top
+//!   `qb` hash bits after the shard's (the quotient `q`), are known from the position.
+//! - `rem` holds the hash bits that follow `q`, as many as fit, behind a sentinel bit:
+//!   `(1 << k) | bits`, `k` known bits. 0 marks an empty slot.
+//! - A table of `cap` homes has `qb = floor(log2(cap))` and puts quotient `q` at home
+//!   `q * cap >> qb`, which is one-to-one because `cap >= 2^qb`. When a rebuild raises `qb`,
+//!   the top known bit of each `rem` moves into `q`; when it lowers `qb`, the low bit of `q`
+//!   moves back into `rem` (or the lowest `rem` bit is given up when `rem` is full). Entries
+//!   inserted since the last rebuild know every bit they can hold.
+//! - Probes run from the home upwards and never wrap: the table has `TAIL` slots past the
+//!   last home. An insert that would need a distance above 127 or run off the tail reports
+//!   `Full`, and the caller grows the table.
+
+use memmap2::MmapMut;
+
+pub(super) const ENTRY: usize = 10;
+pub(super) const SHARD_BITS: u32 = 12;
+const TAIL: usize = 128;
+const DIB_MAX: u64 = 127;
+const DIB_SHIFT: u32 = 73;
+const DIB_ONE: u128 = 1 << DIB_SHIFT;
+/// Tables of at least this many bytes are mapped from the kernel directly, in whole pages:
+/// an allocator would round them up to a size class and keep the slack resident.
+const MAP_FROM: usize = 16 << 10;
+const PAGE: usize = 4096;
+
+/// How a location and a remainder share an entry's 73 low bits.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Layout {
+    /// Bits of a packed location.
+    pub lb: u32,
+    /// Bits of the remainder field, sentinel included.
+    pub rb: u32,
+}
+
+impl Layout {
+    fn loc(self, e: u128) -> u64 {
+        (e as u64) & ((1u64 << self.lb) - 1)
+    }
+    fn rem(self, e: u128) -> u64 {
+        ((e >> self.lb) as u64) & ((1u64 << self.rb) - 1)
+    }
+    fn pack(self, loc: u64, rem: u64, dib: u64) -> u128 {
+        loc as u128 | (rem as u128) << self.lb | (dib as u128) << DIB_SHIFT
+    }
+}
+
+fn dib(e: u128) -> u64 {
+    (e >> DIB_SHIFT) as u64
+}
+
+/// Known bits of a remainder value (its sentinel's position).
+fn known(v: u64) -> u32 {
+    63 - v.leading_zeros()
+}
+
+/// Whether the remainder `v` agrees with `after` (the bits after the quotient, top-aligned,
+/// `ka` of them known) on the bits both know.
+fn agrees(v: u64, after: u64, ka: u32) -> bool {
+    let k = known(v).min(ka);
+    k == 0 || (v ^ (1 << known(v))) >> (known(v) - k) == after >> (64 - k)
+}
+
+/// What a hash is in a table: its home, and the bits after its quotient.
+#[derive(Clone, Copy)]
+pub(super) struct Key {
+    home: usize,
+    after: u64,
+    /// How many bits of `after` are known.
+    ka: u32,
+}
+
+/// What an insert did.
+pub(super) enum Put {
+    New,
+    Replaced(u64),
+    Full,
+}
+
+enum Mem {
+    Heap(Vec<u8>),
+    Map(MmapMut),
+}
+
+impl std::ops::Deref for Mem {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Mem::Heap(v) => v,
+            Mem::Map(m) => m,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Mem {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Mem::Heap(v) => v,
+            Mem::Map(m) => m,
+        }
+    }
+}
+
+/// Zeroed memory for `slots` entries (a little more when mapped: whole pages).
+fn zeroed(slots: usize) -> Mem {
+    let bytes = slots * ENTRY;
+    if bytes >= MAP_FROM {
+        if let Ok(m) = MmapMut::map_anon(bytes.next_multiple_of(PAGE)) {
+            return Mem::Map(m);
+        }
+    }
+    Mem::Heap(vec![0; bytes])
+}
+
+pub(super) struct Table {
+    mem: Mem,
+    /// Number of homes; the table has `cap + TAIL` slots (none when `cap` is 0).
+    cap: usize,
+    qb: u32,
+    pub len: usize,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table { mem: Mem::Heap(Vec::new()), cap: 0, qb: 0, len: 0 }
+    }
+}
+
+impl Table {
+    /// A table with room for `cap` homes (at least 1).
+    fn with_cap(cap: usize) -> Table {
+        let cap = cap.max(1);
+        let mem = zeroed(cap + TAIL);
+        // Mapped memory is whole pages: use all of them.
+        let cap = (mem.len() / ENTRY - TAIL).max(cap);
+        Table { mem, cap, qb: usize::BITS - 1 - cap.leading_zeros(), len: 0 }
+    }
+
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Bytes this table holds.
+    pub fn bytes(&self) -> usize {
+        self.mem.len()
+    }
+
+    fn slots(&self) -> usize {
+        if self.cap == 0 {
+            0
+        } else {
+            self.cap + TAIL
+        }
+    }
+
+    fn read(&self, i: usize) -> u128 {
+        let b: &[u8; ENTRY] = self.mem[i * ENTRY..(i + 1) * ENTRY].try_into().expect("entry");
+        let mut w = [0u8; 16];
+        w[..ENTRY].copy_from_slice(b);
+        u128::from_le_bytes(w)
+    }
+
+    fn write(&mut self, i: usize, e: u128) {
+        self.mem[i * ENTRY..(i + 1) * ENTRY].copy_from_slice(&e.to_le_bytes()[..ENTRY]);
+    }
+
+    fn home(&self, q: u64) -> usize {
+        ((q as u128 * self.cap as u128) >> self.qb) as usize
+    }
+
+    /// The quotient of the entry whose home is `home`.
+    fn quotient(&self, home: usize) -> u64 {
+        (((home as u128) << self.qb).div_ceil(self.cap as u128)) as u64
+    }
+
+    pub fn key(&self, hash: u64) -> Key {
+        let h = hash << SHARD_BITS;
+        let q = if self.qb == 0 { 0 } else { h >> (64 - self.qb) };
+        let ka = 64 - SHARD_BITS - self.qb;
+        Key { home: self.home(q), after: h.checked_shl(self.qb).unwrap_or(0), ka }
+    }
+
+    /// The remainder value a new entry for `k` stores.
+    fn rem_of(k: Key, l: Layout) -> u64 {
+        let n = k.ka.min(l.rb - 1);
+        (1 << n) | if n == 0 { 0 } else { k.after >> (64 - n) }
+    }
+
+    /// Position of the entry for `k`, if any.
+    pub fn find(&self, k: Key, l: Layout) -> Option<usize> {
+        let (mut i, mut d) = (k.home, 0);
+        while i < self.slots() {
+            let e = self.read(i);
+            let v = l.rem(e);
+            if v == 0 || dib(e) < d {
+                return None;
+            }
+            if dib(e) == d && agrees(v, k.after, k.ka) {
+                return Some(i);
+            }
+            (i, d) = (i + 1, d + 1);
+        }
+        None
+    }
+
+    pub fn loc_at(&self, i: usize, l: Layout) -> u64 {
+        l.loc(self.read(i))
+    }
+
+    pub fn set_loc(&mut self, i: usize, loc: u64, l: Layout) {
+        let e = self.read(i);
+        self.write(i, l.pack(loc, l.rem(e), dib(e)));
+    }
+
+    /// Inserts, or replaces the location of the entry that agrees with `k`. `Full` changes
+    /// nothing: the table must grow first.
+    pub fn put(&mut self, k: Key, loc: u64, l: Layout, max_load: (usize, usize)) -> Put {
+        self.put_rem(k, Self::rem_of(k, l), loc, l, max_load)
+    }
+
+    fn put_rem(&mut self, k: Key, rem: u64, loc: u64, l: Layout, (num, den): (usize, usize)) -> Put {
+        let slots = self.slots();
+        let (mut i, mut d) = (k.home, 0u64);
+        loop {
+            if i >= slots {
+                return Put::Full;
+            }
+            let e = self.read(i);
+            let v = l.rem(e);
+            if v == 0 || dib(e) < d {
+                break;
+            }
+            if dib(e) == d && agrees(v, k.after, k.ka) {
+                self.write(i, l.pack(loc, v, d));
+                return Put::Replaced(l.loc(e));
+            }
+            (i, d) = (i + 1, d + 1);
+        }
+        if (self.len + 1) * den > self.cap * num || d > DIB_MAX {
+            return Put::Full;
+        }
+        // Entries from `i` up to the first empty slot move up by one.
+        let mut j = i;
+        loop {
+            if j >= slots {
+                return Put::Full;
+            }
+            let e = self.read(j);
+            if l.rem(e) == 0 {
+                break;
+            }
+            if dib(e) == DIB_MAX {
+                return Put::Full;
+            }
+            j += 1;
+        }
+        for m in (i..j).rev() {
+            let e = self.read(m);
+            self.write(m + 1, e + DIB_ONE);
+        }
+        self.write(i, l.pack(loc, rem, d));
+        self.len += 1;
+        Put::New
+    }
+
+    /// Removes the entry at `i`, moving the rest of its run back by one.
+    pub fn remove_at(&mut self, i: usize, l: Layout) {
+        let mut j = i + 1;
+        while j < self.slots() {
+            let e = self.read(j);
+            if l.rem(e) == 0 || dib(e) == 0 {
+                break;
+            }
+            self.write(j - 1, e - DIB_ONE);
+            j += 1;
+        }
+        self.write(j - 1, 0);
+        self.len -= 1;
+    }
+
+    /// Calls `f` with each entry's position and location.
+    pub fn each(&self, l: Layout, mut f: impl FnMut(usize, u64)) {
+        for i in 0..self.slots() {
+            let e = self.read(i);
+            if l.rem(e) != 0 {
+                f(i, l.loc(e));
+            }
+        }
+    }
+
+    /// The table rebuilt with `cap` homes; returns it and how many entries it had to give up
+    /// (their remainder had no bit left for a larger quotient, or, after a shrink, two entries
+    /// became indistinguishable). A `cap` too small for every entry is raised.
+    pub fn rebuilt(&self, cap: usize, l: Layout) -> (Table, u64) {
+        let mut cap = cap.max(1);
+        'again: loop {
+            let mut t = Table::with_cap(cap);
+            let mut dropped = 0;
+            for i in 0..self.slots() {
+                let e = self.read(i);
+                let mut v = l.rem(e);
+                if v == 0 {
+                    continue;
+                }
+                let mut q = self.quotient(i - dib(e) as usize);
+                let mut qb = self.qb;
+                while qb < t.qb {
+                    let k = known(v);
+                    if k == 0 {
+                        break;
+                    }
+                    let top = (v >> (k - 1)) & 1;
+                    q = q << 1 | top;
+                    v = (1 << (k - 1)) | (v & ((1 << (k - 1)) - 1));
+                    qb += 1;
+                }
+                if qb < t.qb {
+                    dropped += 1;
+                    continue;
+                }
+                while qb > t.qb {
+                    let k = known(v);
+                    let bits = (q & 1) << k | (v ^ (1 << k));
+                    v = if k + 1 < l.rb { 1 << (k + 1) | bits } else { 1 << k | bits >> 1 };
+                    q >>= 1;
+                    qb -= 1;
+                }
+                let k = known(v);
+                let after = if k == 0 { 0 } else { (v ^ (1 << k)) << (64 - k) };
+                let key = Key { home: t.home(q), after, ka: k };
+                match t.put_rem(key, v, l.loc(e), l, (1, 1)) {
+                    Put::New => {}
+                    // Only after a shrink gave up a bit: one of the two is kept.
+                    Put::Replaced(_) => dropped += 1,
+                    Put::Full => {
+                        cap += cap / 8 + 1;
+                        continue 'again;
+                    }
+                }
+            }
+            return (t, dropped);
+        }
+    }
+}
