@@ -276,6 +276,7 @@ fn load(port: u16, spec: &Spec, keys: u64, start: u64, duration: Duration, reque
         requests,
         rate: None,
         check_length: spec.kind == Kind::Get,
+        keyed_values: false,
         allow_misses: false,
         max_error_ratio: 0.001,
         json: None,

@@ -56,6 +56,11 @@ pub struct HttpArgs {
     /// Check that every GET body has the length the key was written with.
     #[arg(long)]
     pub check_length: bool,
+    /// Values that name their key: a PUT's body starts with the key number (8 bytes, little
+    /// endian, cut to the value size), and a GET checks that its body does (implies
+    /// `--check-length`). Catches a value served for the wrong key.
+    #[arg(long)]
+    pub keyed_values: bool,
     /// Count a GET answered 404 as a cache miss, not an error (a ring that turns evicts).
     #[arg(long)]
     pub allow_misses: bool,
@@ -217,8 +222,15 @@ async fn connection(ctx: Arc<Ctx>, id: u64) -> Tally {
             tokio::task::yield_now().await;
         }
         let op = gen.next_op();
+        let mut keyed = Vec::new();
         let (key, body): (u64, &[u8]) = match op {
             Op::Get(k) => (k, &[]),
+            Op::Put(k) if ctx.args.keyed_values => {
+                keyed.extend_from_slice(&ctx.pool[..gen.size_of(k)]);
+                let n = keyed.len().min(8);
+                keyed[..n].copy_from_slice(&k.to_le_bytes()[..n]);
+                (k, &keyed)
+            }
             Op::Put(k) => (k, &ctx.pool[..gen.size_of(k)]),
         };
         head.clear();
@@ -254,15 +266,25 @@ async fn connection(ctx: Arc<Ctx>, id: u64) -> Tally {
                     Op::Get(_) => resp.status == 200 || miss,
                     Op::Put(_) => matches!(resp.status, 200 | 201 | 204),
                 };
+                let check = ctx.args.check_length || ctx.args.keyed_values;
                 let length_ok = match op {
-                    Op::Get(k) => !ctx.args.check_length || !status_ok || miss || resp.body_len == gen.size_of(k),
+                    Op::Get(k) => !check || !status_ok || miss || resp.body_len == gen.size_of(k),
                     Op::Put(_) => true,
                 };
-                tally.record(started.elapsed(), status_ok && length_ok, body.len() + resp.body_len);
+                let value_ok = match op {
+                    Op::Get(k) if ctx.args.keyed_values && status_ok && !miss => {
+                        let n = resp.body_len.min(8);
+                        resp.prefix[..n] == k.to_le_bytes()[..n]
+                    }
+                    _ => true,
+                };
+                tally.record(started.elapsed(), status_ok && length_ok && value_ok, body.len() + resp.body_len);
                 if !status_ok {
                     tally.failure(format!("{method} status {}", resp.status));
                 } else if !length_ok {
                     tally.failure(format!("{method} wrong body length"));
+                } else if !value_ok {
+                    tally.failure(format!("{method} another key's value"));
                 }
                 if resp.close {
                     stream = None;
@@ -282,6 +304,8 @@ struct Response {
     status: u16,
     body_len: usize,
     close: bool,
+    /// The body's first bytes (up to 8).
+    prefix: [u8; 8],
 }
 
 async fn write_all_vectored(s: &mut TcpStream, mut parts: [&[u8]; 2]) -> std::io::Result<()> {
@@ -332,16 +356,23 @@ async fn exchange(s: &mut TcpStream, head: &[u8], body: &[u8], rbuf: &mut [u8]) 
     let body_len: usize =
         header(h, b"content-length").and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0);
     let close = header(h, b"connection").is_some_and(|v| v.eq_ignore_ascii_case(b"close"));
-    let mut have = filled - end;
+    let mut prefix = [0u8; 8];
+    let mut have = (filled - end).min(body_len);
+    let first = have.min(8);
+    prefix[..first].copy_from_slice(&rbuf[end..end + first]);
     while have < body_len {
         let want = (body_len - have).min(rbuf.len());
         let n = s.read(&mut rbuf[..want]).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
+        if have < 8 {
+            let m = (8 - have).min(n);
+            prefix[have..have + m].copy_from_slice(&rbuf[..m]);
+        }
         have += n;
     }
-    Ok(Response { status, body_len, close })
+    Ok(Response { status, body_len, close, prefix })
 }
 
 #[cfg(test)]

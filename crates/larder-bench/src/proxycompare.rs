@@ -139,6 +139,7 @@ fn load(
         requests,
         rate: None,
         check_length: true,
+        keyed_values: false,
         allow_misses: false,
         max_error_ratio: max_errors,
         json: None,

@@ -11,7 +11,7 @@ use crate::config::StoreConfig;
 use crate::format::large::ChunkRef;
 use crate::format::manifest::Manifest;
 use crate::format::record::{self, Header, HEADER_LEN};
-use crate::index::{Index, Loc, TAG_MASK};
+use crate::index::{Loc, TAG_MASK};
 use crate::stats::Counters;
 use crate::{io, Error, Result};
 use parking_lot::Mutex;
@@ -116,12 +116,6 @@ impl Ring {
         })
     }
 
-    /// Whether the record at `loc` is of the current generation and has key `key` (header and
-    /// key verified, value not).
-    pub fn key_at(&self, loc: Loc, key: &[u8]) -> bool {
-        matches!(self.header_at(loc, key), Ok(Some(_)))
-    }
-
     /// The header of the record at `loc` if it is of the current generation and has key `key`.
     /// A read that fails is an error, not an absence.
     pub fn header_at(&self, loc: Loc, key: &[u8]) -> Result<Option<Header>> {
@@ -166,15 +160,6 @@ impl Ring {
         let Ok(h) = record::decode_header(&buf[..n], s.salt.load(Ordering::Acquire)) else { return Some(None) };
         let end = HEADER_LEN + h.key_len as usize;
         Some((h.generation == g && n >= end).then(|| self.hash(&buf[HEADER_LEN..end])))
-    }
-
-    /// Drops `key` from the index if the entry for its hash really is that key.
-    pub fn drop_if_key(&self, index: &Index, hash: u64, key: &[u8]) {
-        if let Some(loc) = index.get(hash) {
-            if self.key_at(loc, key) {
-                index.remove_if_eq(hash, loc);
-            }
-        }
     }
 
     /// Whether a usable directory other than `d` exists (a write that failed in `d` can go

@@ -22,6 +22,7 @@ mod table;
 
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+pub use table::DROP;
 use table::{Layout, Put, Table, SHARD_BITS};
 
 /// Number of shards (see [`Index::shard_of`]).
@@ -208,6 +209,8 @@ impl Index {
     }
 
     fn resize(&self, t: &mut Table, cap: usize) {
+        // Tests hold a growth here (with the shard's lock) to kill the process in it.
+        crate::pause::point("index.grow", b"");
         let (new, dropped) = t.rebuilt(cap, self.layout);
         if dropped > 0 {
             self.dropped.fetch_add(dropped, Ordering::Relaxed);
@@ -223,31 +226,48 @@ impl Index {
         self.put(&mut t, hash, self.geo.pack(loc)).map(|v| self.geo.unpack(v))
     }
 
-    /// Stores each `(hash, loc)` in order, under one lock: all hashes must belong to one shard
-    /// ([`Index::shard_of`]). For recovery, which loads entries sorted by shard.
-    pub fn insert_batch(&self, items: &[(u64, Loc)]) {
-        let Some(&(first, _)) = items.first() else { return };
-        let shard = Self::shard_of(first);
-        let mut t = self.shards[shard].write();
-        for &(hash, loc) in items {
-            debug_assert_eq!(Self::shard_of(hash), shard);
-            self.put(&mut t, hash, self.geo.pack(loc));
-        }
+    /// The packed form of `loc`, for [`Index::merge_shard`].
+    pub fn pack(&self, loc: Loc) -> u64 {
+        self.geo.pack(loc)
     }
 
-    /// Makes room for about `entries` entries in all, spread evenly over the shards, so that
-    /// loading them grows no table. For recovery, which knows roughly how many it will load.
-    pub fn reserve(&self, entries: u64) {
-        let per = entries as f64 / SHARDS as f64;
-        // Four standard deviations above the mean shard: few tables still grow.
-        let want = (per + 4.0 * per.sqrt()) as usize;
-        for s in self.shards.iter() {
-            let mut t = s.write();
-            let cap = (t.len + want) * FIT_LOAD.1 / FIT_LOAD.0;
-            if cap > t.cap() {
-                self.resize(&mut t, cap);
+    /// Applies `ops` to shard `shard` in one pass over its table: each is a hash of the shard
+    /// and a packed location ([`Index::pack`]) to store, or [`DROP`] to remove the hash's entry;
+    /// a hash's ops in the order they happened. For recovery, which
+    /// gathers a whole volume's (or several volumes') entries before it applies them: inserting
+    /// them one by one would move most entries of a table many times. Leaves `ops` reordered.
+    pub fn merge_shard(&self, shard: usize, ops: &mut [Op]) {
+        // Stable: one hash's ops keep their order, and the last decides.
+        sort_ops(ops);
+        let mut n = 0;
+        for i in 0..ops.len() {
+            if n > 0 && ops[n - 1].0 == ops[i].0 {
+                ops[n - 1].1 = ops[i].1;
+            } else {
+                ops[n] = ops[i];
+                n += 1;
             }
         }
+        let ops = &ops[..n];
+        debug_assert!(ops.iter().all(|o| Self::shard_of(o.0) == shard));
+        let mut t = self.shards[shard].write();
+        // Sized for what it will hold: the ops of hashes it has replace or remove entries.
+        let mut after = t.len;
+        for &(h, v) in ops.iter() {
+            let has = t.cap() > 0 && t.find(t.key(h), self.layout).is_some();
+            match (has, v == DROP) {
+                (false, false) => after += 1,
+                (true, true) => after -= 1,
+                _ => {}
+            }
+        }
+        let cap = after * FIT_LOAD.1 / FIT_LOAD.0 + 1;
+        let before = t.len;
+        let (new, dropped) = t.merged(ops, cap, self.layout);
+        *t = new;
+        self.dropped.fetch_add(dropped, Ordering::Relaxed);
+        self.len.fetch_add(t.len as u64, Ordering::Relaxed);
+        self.len.fetch_sub(before as u64, Ordering::Relaxed);
     }
 
     /// Shrinks the tables left less than 85% full (after a `reserve` that guessed high) to
@@ -360,6 +380,47 @@ impl Index {
         }
         self.len.fetch_sub(removed, Ordering::Relaxed);
         removed
+    }
+}
+
+/// An op of [`Index::merge_shard`]: a hash and a packed location, or [`DROP`].
+pub type Op = (u64, u64);
+
+/// Sorts `ops` by hash, stably: a radix sort on the 16 bits below the shard's (which order
+/// them by home in any table of up to 65,536 homes), then an insertion sort, which finds the
+/// ops nearly in order.
+fn sort_ops(ops: &mut [Op]) {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<Op>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    if ops.len() > 64 {
+        SCRATCH.with_borrow_mut(|scratch| {
+            scratch.clear();
+            scratch.resize(ops.len(), (0, 0));
+            for (pass, shift) in [64 - SHARD_BITS - 16, 64 - SHARD_BITS - 8].into_iter().enumerate() {
+                let (from, to): (&[Op], &mut [Op]) =
+                    if pass == 0 { (ops, &mut scratch[..]) } else { (&scratch[..], ops) };
+                let mut starts = [0usize; 257];
+                for o in from {
+                    starts[((o.0 >> shift) & 0xFF) as usize + 1] += 1;
+                }
+                for b in 1..=256 {
+                    starts[b] += starts[b - 1];
+                }
+                for &o in from {
+                    let b = ((o.0 >> shift) & 0xFF) as usize;
+                    to[starts[b]] = o;
+                    starts[b] += 1;
+                }
+            }
+        });
+    }
+    for i in 1..ops.len() {
+        let mut j = i;
+        while j > 0 && ops[j - 1].0 > ops[j].0 {
+            ops.swap(j - 1, j);
+            j -= 1;
+        }
     }
 }
 

@@ -22,7 +22,7 @@ pub(super) const SHARD_BITS: u32 = 12;
 const TAIL: usize = 128;
 const DIB_MAX: u64 = 127;
 const DIB_SHIFT: u32 = 73;
-const DIB_ONE: u128 = 1 << DIB_SHIFT;
+const _: () = assert!(DIB_SHIFT >= 72, "dib lives in an entry's last byte");
 /// Tables of at least this many bytes are mapped from the kernel directly, in whole pages:
 /// an allocator would round them up to a size class and keep the slack resident.
 const MAP_FROM: usize = 16 << 10;
@@ -109,7 +109,9 @@ impl std::ops::DerefMut for Mem {
 fn zeroed(slots: usize) -> Mem {
     let bytes = slots * ENTRY;
     if bytes >= MAP_FROM {
-        if let Ok(m) = MmapMut::map_anon(bytes.next_multiple_of(PAGE)) {
+        // Populated: written at once, not first read (which maps the zero page) and then
+        // copied on write with a TLB flush on every core.
+        if let Ok(m) = memmap2::MmapOptions::new().len(bytes.next_multiple_of(PAGE)).populate().map_anon() {
             return Mem::Map(m);
         }
     }
@@ -258,9 +260,11 @@ impl Table {
             }
             j += 1;
         }
-        for m in (i..j).rev() {
-            let e = self.read(m);
-            self.write(m + 1, e + DIB_ONE);
+        // One move of the bytes, then each moved entry's distance up by one: `dib` is the top
+        // 7 bits of an entry's last byte, and never 127 here, so that byte gains 2.
+        self.mem.copy_within(i * ENTRY..j * ENTRY, (i + 1) * ENTRY);
+        for m in i + 1..=j {
+            self.mem[m * ENTRY + ENTRY - 1] += 1 << (DIB_SHIFT - 72);
         }
         self.write(i, l.pack(loc, rem, d));
         self.len += 1;
@@ -275,8 +279,12 @@ impl Table {
             if l.rem(e) == 0 || dib(e) == 0 {
                 break;
             }
-            self.write(j - 1, e - DIB_ONE);
             j += 1;
+        }
+        // Entries `i + 1 .. j` move down by one, each one step nearer its home.
+        self.mem.copy_within((i + 1) * ENTRY..j * ENTRY, i * ENTRY);
+        for m in i..j - 1 {
+            self.mem[m * ENTRY + ENTRY - 1] -= 1 << (DIB_SHIFT - 72);
         }
         self.write(j - 1, 0);
         self.len -= 1;
@@ -292,57 +300,143 @@ impl Table {
         }
     }
 
-    /// The table rebuilt with `cap` homes; returns it and how many entries it had to give up
-    /// (their remainder had no bit left for a larger quotient, or, after a shrink, two entries
-    /// became indistinguishable). A `cap` too small for every entry is raised.
+    /// The table rebuilt with `cap` homes (raised if too small for every entry); returns it
+    /// and how many entries it had to give up: their remainder had no bit left for a larger
+    /// quotient, or, after a shrink that gave up a bit, two became indistinguishable.
     pub fn rebuilt(&self, cap: usize, l: Layout) -> (Table, u64) {
-        let mut cap = cap.max(1);
-        'again: loop {
-            let mut t = Table::with_cap(cap);
-            let mut dropped = 0;
-            for i in 0..self.slots() {
-                let e = self.read(i);
-                let mut v = l.rem(e);
-                if v == 0 {
-                    continue;
-                }
-                let mut q = self.quotient(i - dib(e) as usize);
-                let mut qb = self.qb;
-                while qb < t.qb {
-                    let k = known(v);
-                    if k == 0 {
-                        break;
-                    }
-                    let top = (v >> (k - 1)) & 1;
-                    q = q << 1 | top;
-                    v = (1 << (k - 1)) | (v & ((1 << (k - 1)) - 1));
-                    qb += 1;
-                }
-                if qb < t.qb {
-                    dropped += 1;
-                    continue;
-                }
-                while qb > t.qb {
-                    let k = known(v);
-                    let bits = (q & 1) << k | (v ^ (1 << k));
-                    v = if k + 1 < l.rb { 1 << (k + 1) | bits } else { 1 << k | bits >> 1 };
-                    q >>= 1;
-                    qb -= 1;
-                }
+        self.merged(&[], cap, l)
+    }
+}
+
+/// One entry on its way into a table being merged: its home there, its remainder (a value
+/// with its sentinel, as stored), and its location, or `DROP` for an op that removes.
+#[derive(Clone, Copy)]
+pub(super) struct Moving {
+    pub home: usize,
+    pub rem: u64,
+    pub loc: u64,
+}
+
+/// The op of [`super::Index::merge_shard`] that removes an entry.
+pub const DROP: u64 = u64::MAX;
+
+impl Table {
+    /// This table's entries as they would sit in a table of `cap` homes, in home order
+    /// (entries whose bits ran out are left out and counted).
+    fn moving(&self, t: &Table, l: Layout, out: &mut Vec<Moving>) -> u64 {
+        let mut dropped = 0;
+        out.clear();
+        for i in 0..self.slots() {
+            let e = self.read(i);
+            let mut v = l.rem(e);
+            if v == 0 {
+                continue;
+            }
+            let mut q = self.quotient(i - dib(e) as usize);
+            let mut qb = self.qb;
+            while qb < t.qb && known(v) > 0 {
                 let k = known(v);
-                let after = if k == 0 { 0 } else { (v ^ (1 << k)) << (64 - k) };
-                let key = Key { home: t.home(q), after, ka: k };
-                match t.put_rem(key, v, l.loc(e), l, (1, 1)) {
-                    Put::New => {}
-                    // Only after a shrink gave up a bit: one of the two is kept.
-                    Put::Replaced(_) => dropped += 1,
-                    Put::Full => {
-                        cap += cap / 8 + 1;
-                        continue 'again;
+                q = q << 1 | (v >> (k - 1)) & 1;
+                v = (1 << (k - 1)) | (v & ((1 << (k - 1)) - 1));
+                qb += 1;
+            }
+            if qb < t.qb {
+                dropped += 1;
+                continue;
+            }
+            while qb > t.qb {
+                let k = known(v);
+                let bits = (q & 1) << k | (v ^ (1 << k));
+                v = if k + 1 < l.rb { 1 << (k + 1) | bits } else { 1 << k | bits >> 1 };
+                q >>= 1;
+                qb -= 1;
+            }
+            out.push(Moving { home: t.home(q), rem: v, loc: l.loc(e) });
+        }
+        // Entries of one old home may come apart in the new table's order.
+        out.sort_by_key(|m| m.home);
+        dropped
+    }
+
+    /// This table merged with `ops` (hashes in ascending order, at most one op per hash: a
+    /// location, or `DROP`), into a table of at least `cap` homes, written in one pass from
+    /// the lowest home up instead of entry by entry. Returns the table and how many entries
+    /// were given up (see [`Table::rebuilt`]; and of two hashes that agree on every kept bit,
+    /// the smaller loses).
+    pub fn merged(&self, ops: &[(u64, u64)], cap: usize, l: Layout) -> (Table, u64) {
+        let (mut old, mut new) = (Vec::new(), Vec::with_capacity(ops.len()));
+        let mut cap = cap.max(1);
+        loop {
+            let mut t = Table::with_cap(cap);
+            let mut dropped = self.moving(&t, l, &mut old);
+            new.clear();
+            new.extend(ops.iter().map(|&(h, loc)| {
+                let k = t.key(h);
+                Moving { home: k.home, rem: Self::rem_of(k, l), loc }
+            }));
+            match t.fill(&old, &new, l) {
+                Some(lost) => {
+                    dropped += lost;
+                    return (t, dropped);
+                }
+                None => cap += cap / 8 + 1,
+            }
+        }
+    }
+
+    /// Writes `old` and `new` (each in home order) into this empty table; an op of `new`
+    /// replaces or drops the entry of `old` it agrees with. `None` if some entry would sit
+    /// too far from its home: the table must be larger.
+    fn fill(&mut self, old: &[Moving], new: &[Moving], l: Layout) -> Option<u64> {
+        let (mut i, mut j, mut next, mut lost) = (0, 0, 0usize, 0);
+        // The entries of one home: (entry, whether an op of `new` put it there).
+        let mut group: Vec<(Moving, bool)> = Vec::new();
+        while i < old.len() || j < new.len() {
+            let home = old.get(i).map_or(usize::MAX, |m| m.home).min(new.get(j).map_or(usize::MAX, |m| m.home));
+            group.clear();
+            while i < old.len() && old[i].home == home {
+                // Two old entries agree only after a shrink gave up a bit: one is kept.
+                let m = old[i];
+                let k = known(m.rem);
+                let after = if k == 0 { 0 } else { (m.rem ^ (1 << k)) << (64 - k) };
+                match group.iter().position(|(g, _)| agrees(g.rem, after, k)) {
+                    Some(at) => {
+                        lost += 1;
+                        group[at] = (m, false);
                     }
+                    None => group.push((m, false)),
+                }
+                i += 1;
+            }
+            while j < new.len() && new[j].home == home {
+                let op = new[j];
+                j += 1;
+                let k = known(op.rem);
+                let after = if k == 0 { 0 } else { (op.rem ^ (1 << k)) << (64 - k) };
+                match group.iter().position(|(g, _)| agrees(g.rem, after, k)) {
+                    Some(at) if op.loc == DROP => {
+                        group.remove(at);
+                    }
+                    Some(at) => {
+                        // Put by an earlier op: another hash, a key the index cannot tell
+                        // from this one.
+                        lost += group[at].1 as u64;
+                        group[at] = (op, true);
+                    }
+                    None if op.loc == DROP => {}
+                    None => group.push((op, true)),
                 }
             }
-            return (t, dropped);
+            for (g, _) in &group {
+                let pos = next.max(home);
+                if pos >= self.slots() || (pos - home) as u64 > DIB_MAX {
+                    return None;
+                }
+                self.write(pos, l.pack(g.loc, g.rem, (pos - home) as u64));
+                next = pos + 1;
+                self.len += 1;
+            }
         }
+        Some(lost)
     }
 }

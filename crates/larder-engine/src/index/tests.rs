@@ -91,24 +91,22 @@ fn tables_stay_full() {
 }
 
 #[test]
-fn reserve_and_fit_keep_every_entry() {
+fn fit_shrinks_and_keeps_every_entry() {
     let idx = Index::new(geo());
     let mut x = 11u64;
-    let hashes: Vec<u64> = (0..300_000).map(|_| next(&mut x)).collect();
-    for (i, &h) in hashes.iter().enumerate().take(100_000) {
+    let hashes: Vec<u64> = (0..1_000_000).map(|_| next(&mut x)).collect();
+    for (i, &h) in hashes.iter().enumerate() {
         idx.insert(h, loc(i as u64));
     }
-    // A guess four times too high, then the rest, then a shrink back.
-    idx.reserve(1_200_000);
-    for (i, &h) in hashes.iter().enumerate().skip(100_000) {
-        idx.insert(h, loc(i as u64));
-    }
+    // Three quarters gone: the tables are about 23% full.
+    assert_eq!(idx.retain(|l| l.offset.is_multiple_of(32)), 750_000);
     let before = idx.bytes();
     idx.fit();
     assert!(idx.bytes() * 2 < before, "fit shrank {before} to {}", idx.bytes());
-    assert_eq!(idx.len(), 300_000);
+    assert_eq!((idx.len(), idx.dropped()), (250_000, 0));
     for (i, &h) in hashes.iter().enumerate() {
-        assert_eq!(idx.get(h), Some(loc(i as u64)));
+        let l = loc(i as u64);
+        assert_eq!(idx.get(h), l.offset.is_multiple_of(32).then_some(l));
     }
 }
 
@@ -191,6 +189,47 @@ fn read_counts_saturate_and_do_not_change_the_place() {
     assert!(idx.remove_if_eq(9, Loc { hits: 1, ..loc(10) }));
 }
 
+/// Merging ops into a shard (recovery's path) agrees with applying them one by one, into an
+/// empty table, into a full one, and into one of another size.
+#[test]
+fn merge_shard_agrees_with_single_inserts() {
+    let (merged, single) = (Index::new(geo()), Index::new(geo()));
+    let mut x = 3u64;
+    let mut all: Vec<u64> = Vec::new();
+    for round in 0..4u64 {
+        let mut ops = Vec::new();
+        for i in 0..20_000u64 {
+            let r = next(&mut x);
+            // New hashes of shard 5, old ones again, and drops of old ones.
+            let h = if all.is_empty() || r.is_multiple_of(3) {
+                let h = 5 << 52 | next(&mut x) >> 12;
+                all.push(h);
+                h
+            } else {
+                all[(r >> 8) as usize % all.len()]
+            };
+            if r % 7 == 1 {
+                ops.push((h, DROP));
+                if let Some(l) = single.get(h) {
+                    single.remove_if_eq(h, l);
+                }
+            } else {
+                let l = loc(round * 100_000 + i);
+                ops.push((h, merged.pack(l)));
+                single.insert(h, l);
+            }
+        }
+        merged.merge_shard(5, &mut ops);
+        assert_eq!(merged.len(), single.len(), "round {round}");
+        for h in &all {
+            assert_eq!(merged.get(*h), single.get(*h));
+        }
+    }
+    assert_eq!(merged.dropped(), 0);
+    let t = merged.shards[5].read();
+    assert!(t.len * 100 >= t.cap() * 85, "merged tables are sized to fit: {} in {}", t.len, t.cap());
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Insert(usize, u64),
@@ -198,7 +237,7 @@ enum Op {
     Cas(usize, Option<u64>, Option<u64>),
     Count(usize),
     Retain(u16),
-    Reserve(u32),
+    Merge(Vec<(usize, Option<u64>)>),
     Fit,
 }
 
@@ -211,7 +250,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(k, a, b)| Op::Cas(k, a, b)),
         1 => k.prop_map(Op::Count),
         1 => (0..16u16).prop_map(Op::Retain),
-        1 => (0..5000u32).prop_map(Op::Reserve),
+        1 => proptest::collection::vec((0..64usize, proptest::option::of(any::<u64>())), 0..40).prop_map(Op::Merge),
         1 => Just(Op::Fit),
     ]
 }
@@ -256,7 +295,28 @@ proptest! {
                     model.retain(|_, l| l.slot != s);
                     prop_assert_eq!(removed as usize, before - model.len());
                 }
-                Op::Reserve(n) => idx.reserve(n as u64),
+                Op::Merge(batch) => {
+                    // Per shard, in order; hashes of one shard only per merge.
+                    for shard in [0, SHARDS / 2] {
+                        let mut ops = Vec::new();
+                        for &(k, l) in &batch {
+                            if Index::shard_of(keys[k]) != shard {
+                                continue;
+                            }
+                            match l {
+                                Some(l) => {
+                                    ops.push((keys[k], idx.pack(loc(l))));
+                                    model.insert(keys[k], loc(l));
+                                }
+                                None => {
+                                    ops.push((keys[k], DROP));
+                                    model.remove(&keys[k]);
+                                }
+                            }
+                        }
+                        idx.merge_shard(shard, &mut ops);
+                    }
+                }
                 Op::Fit => idx.fit(),
             }
             prop_assert_eq!(idx.len(), model.len() as u64);

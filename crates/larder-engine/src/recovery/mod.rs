@@ -8,6 +8,7 @@
 //! valid record is truncated; a record of another generation ends the scan (it is data from
 //! the slot's previous turn of the ring).
 
+mod bulk;
 mod hints;
 pub(crate) mod scan;
 
@@ -39,6 +40,21 @@ pub(crate) struct Recovered {
     /// The newest store time recovery saw (records, hint files, volume creation times): the
     /// writer stamps every later write after it, even if the clock has stepped back since.
     pub max_stored_ms: u64,
+}
+
+/// Reads the file at `path` into `buf`, which is kept for the next file and grown in
+/// memory the kernel maps in at once (see `bulk.rs`); `None` if it cannot be read.
+fn read_into<'b>(buf: &'b mut Option<memmap2::MmapMut>, path: &Path) -> Option<&'b [u8]> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len() as usize;
+    if buf.as_ref().is_none_or(|b| b.len() < len) {
+        *buf = None;
+        *buf = Some(memmap2::MmapOptions::new().len(len.max(1)).populate().map_anon().ok()?);
+    }
+    let b = buf.as_mut()?;
+    f.read_exact(&mut b[..len]).ok()?;
+    Some(&b[..len])
 }
 
 fn read_volume_header(file: &dyn io::FileIo) -> std::io::Result<Option<VolumeHeader>> {
@@ -272,21 +288,25 @@ pub(crate) fn recover(
 
     // The work ahead, for progress reports: a hint's bytes where one exists, else the volume's.
     // (Each hint is read when its volume's turn comes: together they may be hundreds of MiB.)
-    let mut costs: Vec<u64> = found
+    // Each with a guess of how many entries it holds, at most: one per 24-byte hint entry, or
+    // one per smallest record (56 bytes) of a volume without a hint.
+    let (mut costs, guesses): (Vec<u64>, Vec<u64>) = found
         .iter()
         .map(|vh| {
             let slot = vh.slot as usize;
             let hint = hints_trusted.then(|| std::fs::metadata(hint_path(dir_of(slot), slot)).ok()).flatten();
             let volume = || ring.slots[slot].file().and_then(|f| f.len().ok());
-            hint.map(|m| m.len()).or_else(volume).unwrap_or(0)
+            match hint {
+                Some(m) => (m.len(), m.len() / hint::ENTRY_LEN as u64),
+                None => volume().map_or((0, 0), |v| (v, v / 56)),
+            }
         })
-        .collect();
+        .unzip();
     let total: u64 = costs.iter().sum();
-    // Tables sized once for what the hints hold (at most one entry per 24 bytes of hint)
-    // instead of grown some fifty times each while they load.
-    if hints_trusted {
-        index.reserve(total.saturating_sub(costs.last().copied().unwrap_or(0)) / hint::ENTRY_LEN as u64);
-    }
+    // Entries are gathered in volume order and applied a shard at a time.
+    let mut bulk = bulk::Bulk::new(&index, guesses.iter().sum());
+    // One buffer for every hint: a fresh one would be faulted in page by page each time.
+    let mut hint_buf = None;
     progress.volumes_total.store(found.len() as u64, Ordering::Relaxed);
     progress.bytes_total.store(total, Ordering::Relaxed);
 
@@ -305,12 +325,12 @@ pub(crate) fn recover(
         // A hint covers the whole volume (sealed) or what was written before a graceful stop
         // (the active volume's checkpoint); only the records after it are scanned.
         let mut scan_from = VOLUME_HEADER_LEN;
-        let hint_bytes = if hints_trusted { std::fs::read(hint_path(dir_of(slot), slot)).ok() } else { None };
+        let hint_bytes = if hints_trusted { read_into(&mut hint_buf, &hint_path(dir_of(slot), slot)) } else { None };
         if let Some(bytes) = &hint_bytes {
             match hint::Hint::open(bytes, vh, file_len) {
                 Some(h) => {
                     max_stored_ms = max_stored_ms.max(h.max_stored_ms);
-                    load_hint(ring, &index, slot, vh.generation, &h, progress, &mut heads);
+                    load_hint(ring, &mut bulk, slot, vh.generation, &h, progress, &mut heads);
                     report.records += h.len();
                     scan_from = h.data_len.max(VOLUME_HEADER_LEN);
                     match (is_active, scan_from == file_len) {
@@ -327,7 +347,6 @@ pub(crate) fn recover(
                 }
             }
         }
-        drop(hint_bytes);
         done_bytes += costs[i];
         if scan_from == file_len && !is_active {
             s.len.store(file_len, Ordering::Relaxed);
@@ -361,9 +380,9 @@ pub(crate) fn recover(
                     || (header.expiry_ms != 0 && header.expiry_ms <= now)
                     || flushes.flushed(header.stored_ms, now)
                 {
-                    ring.drop_if_key(&index, hash, key);
+                    bulk.drop(hash);
                 } else {
-                    index.insert(hash, ring.loc(slot, vh.generation, offset, header.record_len()));
+                    bulk.put(hash, ring.loc(slot, vh.generation, offset, header.record_len()));
                     if header.is_head() {
                         heads.push((slot as u16, vh.generation, offset));
                     }
@@ -378,7 +397,7 @@ pub(crate) fn recover(
                 tracing::warn!(slot, offset, record_len = header.record_len(), "damaged record skipped");
                 // A damaged chunk shadows nothing: its head, if any, fails when read.
                 if !header.is_chunk() {
-                    ring.drop_if_key(&index, ring.hash(key), key);
+                    bulk.drop(ring.hash(key));
                 }
             }
         })
@@ -418,7 +437,8 @@ pub(crate) fn recover(
             }
         }
     }
-    // Duplicates and drops may have made the guess above high.
+    bulk.apply();
+    drop(bulk);
     index.fit();
     report.millis = started.elapsed().as_millis() as u64;
     // A new store starts at slot 0; otherwise, when the newest volume is missing, the ring

@@ -1,0 +1,203 @@
+//! Index entries gathered in volume order and applied a shard at a time, in one pass over
+//! each shard's table ([`Index::merge_shard`]), on every core.
+//!
+//! Gathered ops go to 64 groups by the top 6 bits of their hash (few write streams, so few
+//! cache and TLB misses), in memory the kernel maps in at once: on a virtual machine, faulting
+//! in fresh memory a page at a time cost about 10 µs a page, more than the work itself.
+//! Applying sorts each group by shard (a counting sort), then each shard's ops by hash.
+
+use crate::index::{Index, Loc, DROP, SHARDS};
+use memmap2::{MmapMut, MmapOptions};
+
+/// Ops gathered before they are applied: 16 bytes each, so at most 1 GiB at a time. A store
+/// with more entries than this applies them in rounds, each a pass over the tables.
+const LIMIT: usize = 1 << 26;
+const GROUPS: usize = 64;
+const GROUP_SHIFT: u32 = 64 - 6;
+const OP: usize = 16;
+
+/// A growable array of ops in populated anonymous memory.
+struct Run {
+    mem: Option<MmapMut>,
+    len: usize,
+}
+
+impl Run {
+    fn with_capacity(n: usize) -> Run {
+        Run { mem: Self::map(n), len: 0 }
+    }
+
+    fn map(n: usize) -> Option<MmapMut> {
+        (n > 0).then(|| MmapOptions::new().len(n * OP).populate().map_anon().expect("mapping memory for recovery"))
+    }
+
+    fn cap(&self) -> usize {
+        self.mem.as_ref().map_or(0, |m| m.len() / OP)
+    }
+
+    fn push(&mut self, hash: u64, v: u64) {
+        if self.len == self.cap() {
+            let mut bigger = Self::map((self.cap() * 2).max(1024)).expect("non-empty");
+            if let Some(old) = &self.mem {
+                bigger[..self.len * OP].copy_from_slice(&old[..self.len * OP]);
+            }
+            self.mem = Some(bigger);
+        }
+        let m = self.mem.as_mut().expect("mapped above");
+        let at = self.len * OP;
+        m[at..at + 8].copy_from_slice(&hash.to_le_bytes());
+        m[at + 8..at + OP].copy_from_slice(&v.to_le_bytes());
+        self.len += 1;
+    }
+
+    fn get(&self, i: usize) -> (u64, u64) {
+        let m = &self.mem.as_ref().expect("non-empty")[i * OP..(i + 1) * OP];
+        (u64::from_le_bytes(m[..8].try_into().expect("8")), u64::from_le_bytes(m[8..].try_into().expect("8")))
+    }
+}
+
+pub(super) struct Bulk<'a> {
+    index: &'a Index,
+    groups: Vec<Run>,
+    count: usize,
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8)
+}
+
+impl<'a> Bulk<'a> {
+    /// Gathers for `index`, expecting about `expected` ops in all.
+    pub fn new(index: &'a Index, expected: u64) -> Bulk<'a> {
+        let per = (expected.min(LIMIT as u64) as usize / GROUPS) * 9 / 8;
+        Bulk { index, groups: (0..GROUPS).map(|_| Run::with_capacity(per)).collect(), count: 0 }
+    }
+
+    /// The key hashed `hash` now has the record at `loc`.
+    pub fn put(&mut self, hash: u64, loc: Loc) {
+        let v = self.index.pack(loc);
+        self.push(hash, v);
+    }
+
+    /// The key hashed `hash` has no value now (deleted, expired, or its record damaged). Only
+    /// the hash is compared: of two keys with one 64-bit hash, the other loses its entry too
+    /// (a miss).
+    pub fn drop(&mut self, hash: u64) {
+        self.push(hash, DROP);
+    }
+
+    fn push(&mut self, hash: u64, v: u64) {
+        self.groups[(hash >> GROUP_SHIFT) as usize].push(hash, v);
+        self.count += 1;
+        if self.count >= LIMIT {
+            self.apply();
+        }
+    }
+
+    /// Gathers on every core: `f` runs once per lane, each lane taking the ops of its own
+    /// groups of shards (so `f` must offer every lane every op, in order; each keeps its own).
+    /// Returns what each lane's `f` returned, in lane order.
+    pub fn lanes<R: Send>(&mut self, f: impl Fn(&mut Lane<'_>, usize) -> R + Sync) -> Vec<R> {
+        let per = GROUPS.div_ceil(threads());
+        let index = self.index;
+        let f = &f;
+        let (results, counts): (Vec<R>, Vec<usize>) = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .groups
+                .chunks_mut(per)
+                .enumerate()
+                .map(|(t, groups)| {
+                    s.spawn(move || {
+                        let mut lane = Lane { index, groups, first: t * per, count: 0 };
+                        (f(&mut lane, t), lane.count)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("a lane panicked")).unzip()
+        });
+        self.count += counts.iter().sum::<usize>();
+        if self.count >= LIMIT {
+            self.apply();
+        }
+        results
+    }
+
+    /// Applies what was gathered.
+    pub fn apply(&mut self) {
+        if self.count == 0 {
+            return;
+        }
+        let per = GROUPS.div_ceil(threads());
+        let index = self.index;
+        // Tests hold recovery here, halfway through loading, to kill the process in it.
+        crate::pause::point("recovery.apply", b"");
+        std::thread::scope(|s| {
+            for (t, groups) in self.groups.chunks_mut(per).enumerate() {
+                s.spawn(move || {
+                    let mut sorted: Vec<(u64, u64)> = Vec::new();
+                    for (i, run) in groups.iter_mut().enumerate() {
+                        apply_group(index, (t * per + i) * (SHARDS / GROUPS), run, &mut sorted);
+                        run.len = 0;
+                    }
+                });
+            }
+        });
+        self.count = 0;
+    }
+}
+
+/// Applies one group's ops, whose shards start at `first`: sorted by shard (stably), each
+/// shard's in one merge.
+fn apply_group(index: &Index, first: usize, run: &Run, sorted: &mut Vec<(u64, u64)>) {
+    const PER: usize = SHARDS / GROUPS;
+    let shard = |h: u64| Index::shard_of(h) - first;
+    let mut starts = [0usize; PER + 1];
+    for i in 0..run.len {
+        starts[shard(run.get(i).0) + 1] += 1;
+    }
+    for s in 1..=PER {
+        starts[s] += starts[s - 1];
+    }
+    sorted.clear();
+    sorted.resize(run.len, (0, 0));
+    let mut next = starts;
+    for i in 0..run.len {
+        let op = run.get(i);
+        let s = shard(op.0);
+        sorted[next[s]] = op;
+        next[s] += 1;
+    }
+    for s in 0..PER {
+        if starts[s] < starts[s + 1] {
+            index.merge_shard(first + s, &mut sorted[starts[s]..starts[s + 1]]);
+        }
+    }
+}
+
+/// One core's share of a gathering: the ops of groups `first..first + groups.len()`.
+pub(super) struct Lane<'b> {
+    index: &'b Index,
+    groups: &'b mut [Run],
+    first: usize,
+    count: usize,
+}
+
+impl Lane<'_> {
+    /// Whether this lane keeps the ops of `hash`.
+    pub fn takes(&self, hash: u64) -> bool {
+        (self.first..self.first + self.groups.len()).contains(&((hash >> GROUP_SHIFT) as usize))
+    }
+
+    /// As [`Bulk::put`], for a hash this lane [takes](Lane::takes).
+    pub fn put(&mut self, hash: u64, loc: Loc) {
+        let v = self.index.pack(loc);
+        self.groups[(hash >> GROUP_SHIFT) as usize - self.first].push(hash, v);
+        self.count += 1;
+    }
+
+    /// As [`Bulk::drop`], for a hash this lane [takes](Lane::takes).
+    pub fn drop(&mut self, hash: u64) {
+        self.groups[(hash >> GROUP_SHIFT) as usize - self.first].push(hash, DROP);
+        self.count += 1;
+    }
+}
