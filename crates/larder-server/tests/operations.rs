@@ -89,6 +89,11 @@ fn metrics_count_a_scripted_workload() {
     assert_eq!(sample(&m, "larder_memory_entries"), 1.0);
     assert_eq!(sample(&m, "larder_promotions_total"), 1.0);
     assert_eq!(sample(&m, "larder_checksum_failures_total"), 0.0);
+    assert_eq!(sample(&m, "larder_index_collision_reads_total"), 0.0);
+    assert_eq!(sample(&m, "larder_index_false_evictions_total"), 0.0);
+    // A few keys: a few of the 4096 tables, each of a few slots and the 128-slot tail.
+    let index = sample(&m, "larder_index_bytes");
+    assert!(index > 0.0 && index < 8192.0, "index bytes {index}");
     assert_eq!(sample(&m, "larder_ready"), 1.0);
     assert_eq!(sample(&m, "larder_disk_capacity_bytes"), 16.0 * (1u64 << 30) as f64);
     assert!(sample(&m, "larder_disk_used_bytes") > 600.0);

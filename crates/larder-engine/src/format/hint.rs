@@ -232,10 +232,14 @@ impl<'a> Hint<'a> {
     pub fn iter(&self) -> impl Iterator<Item = HintEntry> + '_ {
         let b = self.body;
         let mut at = self.entries_at;
+        // Without drop entries every entry is 24 bytes: no need to look for each one's end.
+        let fixed = (b.len() - at) as u64 == self.count * ENTRY_LEN as u64;
         (0..self.count).map(move |_| {
-            let mut r = &b[at..];
-            let (hash, offset, len, tail) = (r.get_u64_le(), r.get_u32_le() as u64 * 8, r.get_u32_le(), r.get_u64_le());
-            let end = self.entry_end(at).expect("verified by open");
+            let e: &[u8; ENTRY_LEN] = b[at..at + ENTRY_LEN].try_into().expect("verified by open");
+            let word = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().expect("8 bytes"));
+            let (hash, tail) = (word(0), word(16));
+            let (offset, len) = ((word(8) & 0xFFFF_FFFF) * 8, (word(8) >> 32) as u32);
+            let end = if fixed { at + ENTRY_LEN } else { self.entry_end(at).expect("verified by open") };
             let head = self.heads && tail & HEAD_BIT != 0;
             let e = if tail & DROP_BIT == 0 {
                 let expiry_ms = if self.heads { tail & !HEAD_BIT } else { tail };

@@ -18,12 +18,16 @@
 //! - Each shard has its own reader-writer lock held for a few probes; readers of different
 //!   shards never meet.
 
+mod mem;
 mod table;
 
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 pub use table::DROP;
 use table::{Layout, Put, Table, SHARD_BITS};
+
+/// Memory for a table, for [`Index::merge_shard`].
+pub(crate) use mem::{Arena, Mem as TableMem, MAP_FROM};
 
 /// Number of shards (see [`Index::shard_of`]).
 pub const SHARDS: usize = 1 << SHARD_BITS;
@@ -236,7 +240,7 @@ impl Index {
     /// a hash's ops in the order they happened. For recovery, which
     /// gathers a whole volume's (or several volumes') entries before it applies them: inserting
     /// them one by one would move most entries of a table many times. Leaves `ops` reordered.
-    pub fn merge_shard(&self, shard: usize, ops: &mut [Op]) {
+    pub(crate) fn merge_shard(&self, shard: usize, ops: &mut [Op], mem: Option<TableMem>) {
         // Stable: one hash's ops keep their order, and the last decides.
         sort_ops(ops);
         let mut n = 0;
@@ -251,23 +255,23 @@ impl Index {
         let ops = &ops[..n];
         debug_assert!(ops.iter().all(|o| Self::shard_of(o.0) == shard));
         let mut t = self.shards[shard].write();
-        // Sized for what it will hold: the ops of hashes it has replace or remove entries.
-        let mut after = t.len;
-        for &(h, v) in ops.iter() {
-            let has = t.cap() > 0 && t.find(t.key(h), self.layout).is_some();
-            match (has, v == DROP) {
-                (false, false) => after += 1,
-                (true, true) => after -= 1,
-                _ => {}
-            }
-        }
+        // Sized as if every put were of a new key: looking each up first would cost a cache
+        // miss per op. When many replace entries, `fit` gives the room back afterwards.
+        let after = t.len + ops.iter().filter(|o| o.1 != DROP).count();
         let cap = after * FIT_LOAD.1 / FIT_LOAD.0 + 1;
         let before = t.len;
-        let (new, dropped) = t.merged(ops, cap, self.layout);
+        let (new, dropped) = t.merged(ops, cap, self.layout, mem);
         *t = new;
         self.dropped.fetch_add(dropped, Ordering::Relaxed);
         self.len.fetch_add(t.len as u64, Ordering::Relaxed);
         self.len.fetch_sub(before as u64, Ordering::Relaxed);
+    }
+
+    /// Bytes of the table [`Index::merge_shard`] makes for `shard` with `puts` more entries at
+    /// most: recovery maps the memory of many tables at once.
+    pub(crate) fn merge_bytes(&self, shard: usize, puts: usize) -> usize {
+        let len = self.shards[shard].read().len;
+        Table::bytes_for((len + puts) * FIT_LOAD.1 / FIT_LOAD.0 + 1)
     }
 
     /// Shrinks the tables left less than 85% full (after a `reserve` that guessed high) to

@@ -15,7 +15,7 @@
 //!   last home. An insert that would need a distance above 127 or run off the tail reports
 //!   `Full`, and the caller grows the table.
 
-use memmap2::MmapMut;
+use super::mem::{self, Mem};
 
 pub(super) const ENTRY: usize = 10;
 pub(super) const SHARD_BITS: u32 = 12;
@@ -23,10 +23,6 @@ const TAIL: usize = 128;
 const DIB_MAX: u64 = 127;
 const DIB_SHIFT: u32 = 73;
 const _: () = assert!(DIB_SHIFT >= 72, "dib lives in an entry's last byte");
-/// Tables of at least this many bytes are mapped from the kernel directly, in whole pages:
-/// an allocator would round them up to a size class and keep the slack resident.
-const MAP_FROM: usize = 16 << 10;
-const PAGE: usize = 4096;
 
 /// How a location and a remainder share an entry's 73 low bits.
 #[derive(Clone, Copy, Debug)]
@@ -81,43 +77,7 @@ pub(super) enum Put {
     Full,
 }
 
-enum Mem {
-    Heap(Vec<u8>),
-    Map(MmapMut),
-}
-
-impl std::ops::Deref for Mem {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Mem::Heap(v) => v,
-            Mem::Map(m) => m,
-        }
-    }
-}
-
-impl std::ops::DerefMut for Mem {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        match self {
-            Mem::Heap(v) => v,
-            Mem::Map(m) => m,
-        }
-    }
-}
-
-/// Zeroed memory for `slots` entries (a little more when mapped: whole pages).
-fn zeroed(slots: usize) -> Mem {
-    let bytes = slots * ENTRY;
-    if bytes >= MAP_FROM {
-        // Populated: written at once, not first read (which maps the zero page) and then
-        // copied on write with a TLB flush on every core.
-        if let Ok(m) = memmap2::MmapOptions::new().len(bytes.next_multiple_of(PAGE)).populate().map_anon() {
-            return Mem::Map(m);
-        }
-    }
-    Mem::Heap(vec![0; bytes])
-}
-
+#[derive(Default)]
 pub(super) struct Table {
     mem: Mem,
     /// Number of homes; the table has `cap + TAIL` slots (none when `cap` is 0).
@@ -126,20 +86,23 @@ pub(super) struct Table {
     pub len: usize,
 }
 
-impl Default for Table {
-    fn default() -> Self {
-        Table { mem: Mem::Heap(Vec::new()), cap: 0, qb: 0, len: 0 }
-    }
-}
 
 impl Table {
-    /// A table with room for `cap` homes (at least 1).
-    fn with_cap(cap: usize) -> Table {
+    /// A table with room for `cap` homes (at least 1), in `given` if that is large enough.
+    fn with_cap(cap: usize, given: &mut Option<Mem>) -> Table {
         let cap = cap.max(1);
-        let mem = zeroed(cap + TAIL);
-        // Mapped memory is whole pages: use all of them.
+        let mem = match given.take() {
+            Some(m) if m.len() >= Self::bytes_for(cap) => m,
+            _ => mem::zeroed(Self::bytes_for(cap)),
+        };
+        // Memory comes in whole pages (or cache lines): use all of it.
         let cap = (mem.len() / ENTRY - TAIL).max(cap);
         Table { mem, cap, qb: usize::BITS - 1 - cap.leading_zeros(), len: 0 }
+    }
+
+    /// Bytes of a table of `cap` homes.
+    pub fn bytes_for(cap: usize) -> usize {
+        (cap.max(1) + TAIL) * ENTRY
     }
 
     pub fn cap(&self) -> usize {
@@ -304,7 +267,7 @@ impl Table {
     /// and how many entries it had to give up: their remainder had no bit left for a larger
     /// quotient, or, after a shrink that gave up a bit, two became indistinguishable.
     pub fn rebuilt(&self, cap: usize, l: Layout) -> (Table, u64) {
-        self.merged(&[], cap, l)
+        self.merged(&[], cap, l, None)
     }
 }
 
@@ -359,29 +322,76 @@ impl Table {
     }
 
     /// This table merged with `ops` (hashes in ascending order, at most one op per hash: a
-    /// location, or `DROP`), into a table of at least `cap` homes, written in one pass from
+    /// location, or `DROP`), into a table of at least `cap` homes (in `given` memory if it is
+    /// large enough), written in one pass from
     /// the lowest home up instead of entry by entry. Returns the table and how many entries
     /// were given up (see [`Table::rebuilt`]; and of two hashes that agree on every kept bit,
     /// the smaller loses).
-    pub fn merged(&self, ops: &[(u64, u64)], cap: usize, l: Layout) -> (Table, u64) {
-        let (mut old, mut new) = (Vec::new(), Vec::with_capacity(ops.len()));
-        let mut cap = cap.max(1);
-        loop {
-            let mut t = Table::with_cap(cap);
-            let mut dropped = self.moving(&t, l, &mut old);
-            new.clear();
-            new.extend(ops.iter().map(|&(h, loc)| {
-                let k = t.key(h);
-                Moving { home: k.home, rem: Self::rem_of(k, l), loc }
-            }));
-            match t.fill(&old, &new, l) {
-                Some(lost) => {
-                    dropped += lost;
-                    return (t, dropped);
-                }
-                None => cap += cap / 8 + 1,
-            }
+    pub fn merged(&self, ops: &[(u64, u64)], cap: usize, l: Layout, mut given: Option<Mem>) -> (Table, u64) {
+        thread_local! {
+            /// Kept between merges: fresh buffers would be faulted in a page at a time.
+            static BUFS: std::cell::RefCell<(Vec<Moving>, Vec<Moving>)> =
+                const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
         }
+        BUFS.with_borrow_mut(|(old, new)| {
+            let mut cap = cap.max(1);
+            loop {
+                let mut t = Table::with_cap(cap, &mut given);
+                if self.len == 0 {
+                    // Recovery's common case: nothing to merge with.
+                    match t.fill_fresh(ops, l) {
+                        Some(lost) => return (t, lost),
+                        None => {
+                            cap += cap / 8 + 1;
+                            continue;
+                        }
+                    }
+                }
+                let mut dropped = self.moving(&t, l, old);
+                new.clear();
+                new.extend(ops.iter().map(|&(h, loc)| {
+                    let k = t.key(h);
+                    Moving { home: k.home, rem: Self::rem_of(k, l), loc }
+                }));
+                match t.fill(old, new, l) {
+                    Some(lost) => {
+                        dropped += lost;
+                        return (t, dropped);
+                    }
+                    None => cap += cap / 8 + 1,
+                }
+            }
+        })
+    }
+
+    /// Writes `ops` (as for [`Table::merged`]) into this empty table, as `fill` would with no
+    /// old entries, without building the list of homes first.
+    fn fill_fresh(&mut self, ops: &[(u64, u64)], l: Layout) -> Option<u64> {
+        let (mut next, mut lost) = (0usize, 0);
+        let (mut home, mut first) = (usize::MAX, 0);
+        for &(h, loc) in ops {
+            if loc == DROP {
+                continue;
+            }
+            let k = self.key(h);
+            if k.home != home {
+                (home, first) = (k.home, next.max(k.home));
+            }
+            // Another hash of this home that agrees on every kept bit: it loses its entry.
+            if let Some(i) = (first..next).find(|&i| agrees(l.rem(self.read(i)), k.after, k.ka)) {
+                self.set_loc(i, loc, l);
+                lost += 1;
+                continue;
+            }
+            let pos = next.max(home);
+            if pos >= self.slots() || (pos - home) as u64 > DIB_MAX {
+                return None;
+            }
+            self.write(pos, l.pack(loc, Self::rem_of(k, l), (pos - home) as u64));
+            next = pos + 1;
+            self.len += 1;
+        }
+        Some(lost)
     }
 
     /// Writes `old` and `new` (each in home order) into this empty table; an op of `new`

@@ -6,12 +6,13 @@
 //! in fresh memory a page at a time cost about 10 µs a page, more than the work itself.
 //! Applying sorts each group by shard (a counting sort), then each shard's ops by hash.
 
-use crate::index::{Index, Loc, DROP, SHARDS};
+use crate::index::{Arena, Index, Loc, TableMem, DROP, MAP_FROM, SHARDS};
 use memmap2::{MmapMut, MmapOptions};
 
-/// Ops gathered before they are applied: 16 bytes each, so at most 1 GiB at a time. A store
-/// with more entries than this applies them in rounds, each a pass over the tables.
-const LIMIT: usize = 1 << 26;
+/// Ops gathered before they are applied: 16 bytes each, so at most 2 GiB at a time (and the
+/// runs are sized for what is expected). A store with more entries than this applies them in
+/// rounds, each a pass over the tables.
+const LIMIT: usize = 1 << 27;
 const GROUPS: usize = 64;
 const GROUP_SHIFT: u32 = 64 - 6;
 const OP: usize = 16;
@@ -69,7 +70,9 @@ fn threads() -> usize {
 impl<'a> Bulk<'a> {
     /// Gathers for `index`, expecting about `expected` ops in all.
     pub fn new(index: &'a Index, expected: u64) -> Bulk<'a> {
-        let per = (expected.min(LIMIT as u64) as usize / GROUPS) * 9 / 8;
+        // Room for the expected ops with a margin for uneven groups (their spread is a few
+        // hundred in a million): a run that fills up grows, into fresh memory.
+        let per = (expected.min(LIMIT as u64) as usize / GROUPS) * 21 / 20 + 4096;
         Bulk { index, groups: (0..GROUPS).map(|_| Run::with_capacity(per)).collect(), count: 0 }
     }
 
@@ -96,8 +99,12 @@ impl<'a> Bulk<'a> {
 
     /// Gathers on every core: `f` runs once per lane, each lane taking the ops of its own
     /// groups of shards (so `f` must offer every lane every op, in order; each keeps its own).
-    /// Returns what each lane's `f` returned, in lane order.
-    pub fn lanes<R: Send>(&mut self, f: impl Fn(&mut Lane<'_>, usize) -> R + Sync) -> Vec<R> {
+    /// `ops` is how many `f` offers: what was gathered is applied first if they would not
+    /// fit. Returns what each lane's `f` returned, in lane order.
+    pub fn lanes<R: Send>(&mut self, ops: u64, f: impl Fn(&mut Lane<'_>, usize) -> R + Sync) -> Vec<R> {
+        if self.count + ops as usize > LIMIT {
+            self.apply();
+        }
         let per = GROUPS.div_ceil(threads());
         let index = self.index;
         let f = &f;
@@ -116,9 +123,6 @@ impl<'a> Bulk<'a> {
             handles.into_iter().map(|h| h.join().expect("a lane panicked")).unzip()
         });
         self.count += counts.iter().sum::<usize>();
-        if self.count >= LIMIT {
-            self.apply();
-        }
         results
     }
 
@@ -167,9 +171,22 @@ fn apply_group(index: &Index, first: usize, run: &Run, sorted: &mut Vec<(u64, u6
         sorted[next[s]] = op;
         next[s] += 1;
     }
+    // The new tables' memory, the large ones cut from one mapping.
+    let bytes: Vec<usize> = (0..PER)
+        .map(|s| {
+            let puts = sorted[starts[s]..starts[s + 1]].iter().filter(|o| o.1 != DROP).count();
+            if puts == 0 {
+                return 0;
+            }
+            Some(index.merge_bytes(first + s, puts)).filter(|&b| b >= MAP_FROM).unwrap_or(0)
+        })
+        .collect();
+    let large: Vec<usize> = bytes.iter().copied().filter(|&b| b > 0).collect();
+    let mut pieces = Arena::cut(&large).unwrap_or_default().into_iter();
     for s in 0..PER {
+        let mem: Option<TableMem> = if bytes[s] > 0 { pieces.next() } else { None };
         if starts[s] < starts[s + 1] {
-            index.merge_shard(first + s, &mut sorted[starts[s]..starts[s + 1]]);
+            index.merge_shard(first + s, &mut sorted[starts[s]..starts[s + 1]], mem);
         }
     }
 }

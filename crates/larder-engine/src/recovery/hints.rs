@@ -20,7 +20,7 @@ pub(super) fn load_hint(
     progress: &RecoveryProgress,
     heads: &mut Vec<(u16, u32, u64)>,
 ) {
-    let found = bulk.lanes(|lane, t| {
+    let found = bulk.lanes(h.len(), |lane, t| {
         let mut found = Vec::new();
         for (n, e) in h.iter().enumerate() {
             match e {
