@@ -228,13 +228,31 @@ impl<'a> Hint<'a> {
         self.iter().for_each(f)
     }
 
+    /// Part `part` of `parts` of the entries, in volume order: the parts are equal shares of
+    /// a hint without drop entries (all 24 bytes long); of a hint with some, part 0 is all of
+    /// them and the others are empty.
+    pub fn iter_part(&self, part: usize, parts: usize) -> impl Iterator<Item = HintEntry> + '_ {
+        let fixed = (self.body.len() - self.entries_at) as u64 == self.count * ENTRY_LEN as u64;
+        let n = self.count as usize;
+        let (from, to) = match fixed {
+            true => (n * part / parts, n * (part + 1) / parts),
+            false if part == 0 => (0, n),
+            false => (0, 0),
+        };
+        self.entries(self.entries_at + from * ENTRY_LEN, (to - from) as u64)
+    }
+
     /// The entries, in volume order.
     pub fn iter(&self) -> impl Iterator<Item = HintEntry> + '_ {
+        self.entries(self.entries_at, self.count)
+    }
+
+    /// `count` entries from the one at byte `at`.
+    fn entries(&self, mut at: usize, count: u64) -> impl Iterator<Item = HintEntry> + '_ {
         let b = self.body;
-        let mut at = self.entries_at;
         // Without drop entries every entry is 24 bytes: no need to look for each one's end.
-        let fixed = (b.len() - at) as u64 == self.count * ENTRY_LEN as u64;
-        (0..self.count).map(move |_| {
+        let fixed = (b.len() - self.entries_at) as u64 == self.count * ENTRY_LEN as u64;
+        (0..count).map(move |_| {
             let e: &[u8; ENTRY_LEN] = b[at..at + ENTRY_LEN].try_into().expect("verified by open");
             let word = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().expect("8 bytes"));
             let (hash, tail) = (word(0), word(16));

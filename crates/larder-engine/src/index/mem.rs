@@ -3,8 +3,10 @@
 //! Small tables come from the allocator. A table of 16 KiB or more is mapped from the kernel
 //! in whole pages, populated at once: an allocator would round it up to a size class and keep
 //! the slack resident, and on a virtual machine faulting memory in a page at a time costs
-//! about 10 µs a page. Recovery, which makes all 4096 tables at once, maps one arena per group
-//! of tables and cuts it into pieces: thousands of small mappings made by two threads at once
+//! about 10 µs a page. Recovery, which makes all 4096 tables at once, cuts the tables of a
+//! group from the memory that held the group's gathered entries (zeroing memory already in
+//! use is much cheaper than having fresh pages zeroed, on a virtual machine twice: by the
+//! host and by the guest), and thousands of small mappings made by two threads at once would
 //! spend most of their time waiting for the process's memory-map lock.
 
 use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
@@ -79,24 +81,46 @@ pub(crate) struct Piece {
 }
 
 impl Arena {
-    /// An arena holding pieces of the given sizes (each rounded up to whole pages, so that a
-    /// piece's pages can be given back on its own), cut in order; `None` if it cannot be mapped.
-    pub fn cut(sizes: &[usize]) -> Option<Vec<Mem>> {
-        let total: usize = sizes.iter().map(|s| s.next_multiple_of(PAGE)).sum();
-        let mut map = MmapOptions::new().len(total.max(PAGE)).populate().map_anon().ok()?;
+    /// Pieces of the given sizes (each rounded up to whole pages, so that a piece's pages can
+    /// be given back on its own), cut in order from `maps` (memory that held something else:
+    /// each piece is zeroed; what is left of a map is given back), then from one new populated
+    /// mapping if they run out. `None` if that cannot be mapped.
+    pub fn cut(maps: Vec<MmapMut>, sizes: &[usize]) -> Option<Vec<Mem>> {
+        let mut out = Vec::with_capacity(sizes.len());
+        let mut sizes = sizes.iter().map(|s| s.next_multiple_of(PAGE)).peekable();
+        for map in maps {
+            let arena = Arena::new(map);
+            let mut start = 0;
+            while let Some(&len) = sizes.peek().filter(|&&l| start + l <= arena.map.len()) {
+                sizes.next();
+                let mut piece = Mem::Piece(Piece { arena: arena.clone(), start, len });
+                piece.fill(0);
+                out.push(piece);
+                start += len;
+            }
+            if start < arena.map.len() {
+                // SAFETY: no piece covers this range, and nothing else reads it.
+                let _ = unsafe {
+                    arena.map.unchecked_advise_range(UncheckedAdvice::DontNeed, start, arena.map.len() - start)
+                };
+            }
+        }
+        let rest: Vec<usize> = sizes.collect();
+        if !rest.is_empty() {
+            let map = MmapOptions::new().len(rest.iter().sum()).populate().map_anon().ok()?;
+            let arena = Arena::new(map);
+            let mut start = 0;
+            for len in rest {
+                out.push(Mem::Piece(Piece { arena: arena.clone(), start, len }));
+                start += len;
+            }
+        }
+        Some(out)
+    }
+
+    fn new(mut map: MmapMut) -> Arc<Arena> {
         let base = map.as_mut_ptr();
-        let arena = Arc::new(Arena { map, base });
-        let mut start = 0;
-        Some(
-            sizes
-                .iter()
-                .map(|&len| {
-                    let p = Piece { arena: arena.clone(), start, len: len.next_multiple_of(PAGE) };
-                    start += p.len;
-                    Mem::Piece(p)
-                })
-                .collect(),
-        )
+        Arc::new(Arena { map, base })
     }
 }
 

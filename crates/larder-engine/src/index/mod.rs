@@ -23,8 +23,7 @@ mod table;
 
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-pub use table::DROP;
-use table::{Layout, Put, Table, SHARD_BITS};
+use table::{Layout, Put, Table, GONE, SHARD_BITS};
 
 /// Memory for a table, for [`Index::merge_shard`].
 pub(crate) use mem::{Arena, Mem as TableMem, MAP_FROM};
@@ -235,21 +234,33 @@ impl Index {
         self.geo.pack(loc)
     }
 
-    /// Applies `ops` to shard `shard` in one pass over its table: each is a hash of the shard
-    /// and a packed location ([`Index::pack`]) to store, or [`DROP`] to remove the hash's entry;
-    /// a hash's ops in the order they happened. For recovery, which
-    /// gathers a whole volume's (or several volumes') entries before it applies them: inserting
+    /// Applies `ops` to shard `shard` in one pass over its table. Each is a hash of the shard
+    /// and the packed location ([`Index::pack`]) of a record of its key: a value to index, or,
+    /// with [`DROP`] set, a record that removes the key's entry (a tombstone, an expired or
+    /// damaged record). Of a hash's ops the newest record decides, newest by the volume's rank
+    /// in `rank` (by slot), then by offset: ops may come in any order. For recovery, which
+    /// gathers the entries of every volume, on every core, before it applies them: inserting
     /// them one by one would move most entries of a table many times. Leaves `ops` reordered.
-    pub(crate) fn merge_shard(&self, shard: usize, ops: &mut [Op], mem: Option<TableMem>) {
-        // Stable: one hash's ops keep their order, and the last decides.
+    pub(crate) fn merge_shard(&self, shard: usize, ops: &mut [Op], mem: Option<TableMem>, rank: &[u32]) {
+        let newness = |v: u64| {
+            let l = self.geo.unpack(v & !DROP);
+            ((rank[l.slot as usize] as u64) << 32) | (l.offset / 8)
+        };
         sort_ops(ops);
         let mut n = 0;
         for i in 0..ops.len() {
             if n > 0 && ops[n - 1].0 == ops[i].0 {
-                ops[n - 1].1 = ops[i].1;
+                if newness(ops[i].1) > newness(ops[n - 1].1) {
+                    ops[n - 1].1 = ops[i].1;
+                }
             } else {
                 ops[n] = ops[i];
                 n += 1;
+            }
+        }
+        for o in &mut ops[..n] {
+            if o.1 & DROP != 0 {
+                o.1 = GONE;
             }
         }
         let ops = &ops[..n];
@@ -257,7 +268,7 @@ impl Index {
         let mut t = self.shards[shard].write();
         // Sized as if every put were of a new key: looking each up first would cost a cache
         // miss per op. When many replace entries, `fit` gives the room back afterwards.
-        let after = t.len + ops.iter().filter(|o| o.1 != DROP).count();
+        let after = t.len + ops.iter().filter(|o| o.1 != GONE).count();
         let cap = after * FIT_LOAD.1 / FIT_LOAD.0 + 1;
         let before = t.len;
         let (new, dropped) = t.merged(ops, cap, self.layout, mem);
@@ -387,10 +398,14 @@ impl Index {
     }
 }
 
-/// An op of [`Index::merge_shard`]: a hash and a packed location, or [`DROP`].
+/// An op of [`Index::merge_shard`]: a hash and a packed location, [`DROP`] set or not.
 pub type Op = (u64, u64);
 
-/// Sorts `ops` by hash, stably: a radix sort on the 16 bits below the shard's (which order
+/// The mark of an op of [`Index::merge_shard`] that removes its hash's entry (no packed
+/// location reaches bit 63).
+pub const DROP: u64 = 1 << 63;
+
+/// Sorts `ops` by hash: a radix sort on the 16 bits below the shard's (which order
 /// them by home in any table of up to 65,536 homes), then an insertion sort, which finds the
 /// ops nearly in order.
 fn sort_ops(ops: &mut [Op]) {

@@ -86,7 +86,6 @@ pub(super) struct Table {
     pub len: usize,
 }
 
-
 impl Table {
     /// A table with room for `cap` homes (at least 1), in `given` if that is large enough.
     fn with_cap(cap: usize, given: &mut Option<Mem>) -> Table {
@@ -272,7 +271,7 @@ impl Table {
 }
 
 /// One entry on its way into a table being merged: its home there, its remainder (a value
-/// with its sentinel, as stored), and its location, or `DROP` for an op that removes.
+/// with its sentinel, as stored), and its location, or `GONE` for an op that removes.
 #[derive(Clone, Copy)]
 pub(super) struct Moving {
     pub home: usize,
@@ -280,8 +279,8 @@ pub(super) struct Moving {
     pub loc: u64,
 }
 
-/// The op of [`super::Index::merge_shard`] that removes an entry.
-pub const DROP: u64 = u64::MAX;
+/// In the ops [`Table::merged`] takes, the location of an op that removes its hash's entry.
+pub(super) const GONE: u64 = u64::MAX;
 
 impl Table {
     /// This table's entries as they would sit in a table of `cap` homes, in home order
@@ -322,7 +321,7 @@ impl Table {
     }
 
     /// This table merged with `ops` (hashes in ascending order, at most one op per hash: a
-    /// location, or `DROP`), into a table of at least `cap` homes (in `given` memory if it is
+    /// location, or `GONE`), into a table of at least `cap` homes (in `given` memory if it is
     /// large enough), written in one pass from
     /// the lowest home up instead of entry by entry. Returns the table and how many entries
     /// were given up (see [`Table::rebuilt`]; and of two hashes that agree on every kept bit,
@@ -370,7 +369,7 @@ impl Table {
         let (mut next, mut lost) = (0usize, 0);
         let (mut home, mut first) = (usize::MAX, 0);
         for &(h, loc) in ops {
-            if loc == DROP {
+            if loc == GONE {
                 continue;
             }
             let k = self.key(h);
@@ -424,7 +423,7 @@ impl Table {
                 let k = known(op.rem);
                 let after = if k == 0 { 0 } else { (op.rem ^ (1 << k)) << (64 - k) };
                 match group.iter().position(|(g, _)| agrees(g.rem, after, k)) {
-                    Some(at) if op.loc == DROP => {
+                    Some(at) if op.loc == GONE => {
                         group.remove(at);
                     }
                     Some(at) => {
@@ -433,7 +432,7 @@ impl Table {
                         lost += group[at].1 as u64;
                         group[at] = (op, true);
                     }
-                    None if op.loc == DROP => {}
+                    None if op.loc == GONE => {}
                     None => group.push((op, true)),
                 }
             }

@@ -208,18 +208,21 @@ fn merge_shard_agrees_with_single_inserts() {
             } else {
                 all[(r >> 8) as usize % all.len()]
             };
+            // Ops name their records, newest last: with every slot ranked alike, by offset.
+            let l = loc(round * 100_000 + i);
             if r % 7 == 1 {
-                ops.push((h, DROP));
+                ops.push((h, merged.pack(l) | DROP));
                 if let Some(l) = single.get(h) {
                     single.remove_if_eq(h, l);
                 }
             } else {
-                let l = loc(round * 100_000 + i);
                 ops.push((h, merged.pack(l)));
                 single.insert(h, l);
             }
         }
-        merged.merge_shard(5, &mut ops, None);
+        // In any order.
+        ops.reverse();
+        merged.merge_shard(5, &mut ops, None, &[0; 16]);
         assert_eq!(merged.len(), single.len(), "round {round}");
         for h in &all {
             assert_eq!(merged.get(*h), single.get(*h));
@@ -264,6 +267,7 @@ proptest! {
         let mut x = seed | 1;
         let keys: Vec<u64> = (0..64).map(|i| (i % 2) << 63 | next(&mut x) >> 1).collect();
         let mut model: HashMap<u64, Loc> = HashMap::new();
+        let mut seq = 1 << 20;
         for op in ops {
             match op {
                 Op::Insert(k, l) => prop_assert_eq!(idx.insert(keys[k], loc(l)), model.insert(keys[k], loc(l))),
@@ -297,25 +301,29 @@ proptest! {
                     prop_assert_eq!(removed as usize, before - model.len());
                 }
                 Op::Merge(batch) => {
-                    // Per shard, in order; hashes of one shard only per merge.
+                    // Per shard; ops name records newer than any before (by offset), and come
+                    // in any order.
                     for shard in [0, SHARDS / 2] {
                         let mut ops = Vec::new();
                         for &(k, l) in &batch {
                             if Index::shard_of(keys[k]) != shard {
                                 continue;
                             }
+                            seq += 1;
+                            let at = Loc { slot: 0, tag: 0, offset: seq * 8, class: l.unwrap_or(0) as u16 % 256, hits: 0 };
                             match l {
-                                Some(l) => {
-                                    ops.push((keys[k], idx.pack(loc(l))));
-                                    model.insert(keys[k], loc(l));
+                                Some(_) => {
+                                    ops.push((keys[k], idx.pack(at)));
+                                    model.insert(keys[k], at);
                                 }
                                 None => {
-                                    ops.push((keys[k], DROP));
+                                    ops.push((keys[k], idx.pack(at) | DROP));
                                     model.remove(&keys[k]);
                                 }
                             }
                         }
-                        idx.merge_shard(shard, &mut ops, None);
+                        ops.reverse();
+                        idx.merge_shard(shard, &mut ops, None, &[0; 16]);
                     }
                 }
                 Op::Fit => idx.fit(),

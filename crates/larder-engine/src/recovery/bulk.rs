@@ -4,7 +4,9 @@
 //! Gathered ops go to 64 groups by the top 6 bits of their hash (few write streams, so few
 //! cache and TLB misses), in memory the kernel maps in at once: on a virtual machine, faulting
 //! in fresh memory a page at a time cost about 10 µs a page, more than the work itself.
-//! Applying sorts each group by shard (a counting sort), then each shard's ops by hash.
+//! Applying sorts each group by shard (a counting sort), then each shard's ops by hash. Ops of
+//! one key may be gathered in any order (each names its record, and the newest record wins),
+//! so every core gathers a share of each hint file.
 
 use crate::index::{Arena, Index, Loc, TableMem, DROP, MAP_FROM, SHARDS};
 use memmap2::{MmapMut, MmapOptions};
@@ -59,8 +61,12 @@ impl Run {
 
 pub(super) struct Bulk<'a> {
     index: &'a Index,
-    groups: Vec<Run>,
+    /// Each lane's runs, one per group: a lane's ops in the order it gathered them.
+    lanes: Vec<Vec<Run>>,
     count: usize,
+    /// Each slot's volume's place in recovery's order, which decides between two ops of a
+    /// key (see [`Index::merge_shard`]).
+    rank: Vec<u32>,
 }
 
 fn threads() -> usize {
@@ -68,12 +74,15 @@ fn threads() -> usize {
 }
 
 impl<'a> Bulk<'a> {
-    /// Gathers for `index`, expecting about `expected` ops in all.
-    pub fn new(index: &'a Index, expected: u64) -> Bulk<'a> {
+    /// Gathers for `index`, expecting about `expected` ops in all, from volumes ranked by
+    /// `rank` (slot to place in recovery's order, oldest first).
+    pub fn new(index: &'a Index, expected: u64, rank: Vec<u32>) -> Bulk<'a> {
+        let lanes = threads();
         // Room for the expected ops with a margin for uneven groups (their spread is a few
         // hundred in a million): a run that fills up grows, into fresh memory.
-        let per = (expected.min(LIMIT as u64) as usize / GROUPS) * 21 / 20 + 4096;
-        Bulk { index, groups: (0..GROUPS).map(|_| Run::with_capacity(per)).collect(), count: 0 }
+        let per = (expected.min(LIMIT as u64) as usize / GROUPS / lanes) * 21 / 20 + 4096;
+        let runs = || (0..GROUPS).map(|_| Run::with_capacity(per)).collect();
+        Bulk { index, lanes: (0..lanes).map(|_| runs()).collect(), count: 0, rank }
     }
 
     /// The key hashed `hash` now has the record at `loc`.
@@ -82,41 +91,41 @@ impl<'a> Bulk<'a> {
         self.push(hash, v);
     }
 
-    /// The key hashed `hash` has no value now (deleted, expired, or its record damaged). Only
-    /// the hash is compared: of two keys with one 64-bit hash, the other loses its entry too
-    /// (a miss).
-    pub fn drop(&mut self, hash: u64) {
-        self.push(hash, DROP);
+    /// The key hashed `hash` has no value from the record at `loc` on (deleted, expired, or
+    /// damaged there). Only the hash is compared: of two keys with one 64-bit hash, the other
+    /// loses its entry too (a miss).
+    pub fn drop(&mut self, hash: u64, loc: Loc) {
+        let v = self.index.pack(loc) | DROP;
+        self.push(hash, v);
     }
 
     fn push(&mut self, hash: u64, v: u64) {
-        self.groups[(hash >> GROUP_SHIFT) as usize].push(hash, v);
+        // Any lane will do (order does not matter): spread them.
+        let lane = (hash >> 20) as usize % self.lanes.len();
+        self.lanes[lane][(hash >> GROUP_SHIFT) as usize].push(hash, v);
         self.count += 1;
         if self.count >= LIMIT {
             self.apply();
         }
     }
 
-    /// Gathers on every core: `f` runs once per lane, each lane taking the ops of its own
-    /// groups of shards (so `f` must offer every lane every op, in order; each keeps its own).
-    /// `ops` is how many `f` offers: what was gathered is applied first if they would not
-    /// fit. Returns what each lane's `f` returned, in lane order.
-    pub fn lanes<R: Send>(&mut self, ops: u64, f: impl Fn(&mut Lane<'_>, usize) -> R + Sync) -> Vec<R> {
+    /// Gathers on every core: `f` runs once per lane (`f(lane, its number, how many)`), each
+    /// pushing a share of the ops. `ops` is how many they push in all: what was gathered is
+    /// applied first if they would not fit. Returns what each lane's `f` returned, in order.
+    pub fn lanes<R: Send>(&mut self, ops: u64, f: impl Fn(&mut Lane<'_>, usize, usize) -> R + Sync) -> Vec<R> {
         if self.count + ops as usize > LIMIT {
             self.apply();
         }
-        let per = GROUPS.div_ceil(threads());
-        let index = self.index;
-        let f = &f;
+        let (index, f, n) = (self.index, &f, self.lanes.len());
         let (results, counts): (Vec<R>, Vec<usize>) = std::thread::scope(|s| {
             let handles: Vec<_> = self
-                .groups
-                .chunks_mut(per)
+                .lanes
+                .iter_mut()
                 .enumerate()
-                .map(|(t, groups)| {
+                .map(|(t, runs)| {
                     s.spawn(move || {
-                        let mut lane = Lane { index, groups, first: t * per, count: 0 };
-                        (f(&mut lane, t), lane.count)
+                        let mut lane = Lane { index, runs, count: 0 };
+                        (f(&mut lane, t, n), lane.count)
                     })
                 })
                 .collect();
@@ -131,17 +140,24 @@ impl<'a> Bulk<'a> {
         if self.count == 0 {
             return;
         }
-        let per = GROUPS.div_ceil(threads());
-        let index = self.index;
+        let threads = threads();
+        let per = GROUPS.div_ceil(threads);
+        let (index, rank) = (self.index, &self.rank[..]);
+        // Each group's runs, one from every lane, handed to the thread that applies the group.
+        let mut groups: Vec<Vec<Run>> = (0..GROUPS).map(|_| Vec::new()).collect();
+        for lane in &mut self.lanes {
+            for (g, run) in lane.iter_mut().enumerate() {
+                groups[g].push(std::mem::replace(run, Run::with_capacity(0)));
+            }
+        }
         // Tests hold recovery here, halfway through loading, to kill the process in it.
         crate::pause::point("recovery.apply", b"");
         std::thread::scope(|s| {
-            for (t, groups) in self.groups.chunks_mut(per).enumerate() {
+            for (t, part) in groups.chunks_mut(per).enumerate() {
                 s.spawn(move || {
                     let mut sorted: Vec<(u64, u64)> = Vec::new();
-                    for (i, run) in groups.iter_mut().enumerate() {
-                        apply_group(index, (t * per + i) * (SHARDS / GROUPS), run, &mut sorted);
-                        run.len = 0;
+                    for (i, runs) in part.iter_mut().enumerate() {
+                        apply_group(index, (t * per + i) * (SHARDS / GROUPS), runs, &mut sorted, rank);
                     }
                 });
             }
@@ -150,31 +166,37 @@ impl<'a> Bulk<'a> {
     }
 }
 
-/// Applies one group's ops, whose shards start at `first`: sorted by shard (stably), each
-/// shard's in one merge.
-fn apply_group(index: &Index, first: usize, run: &Run, sorted: &mut Vec<(u64, u64)>) {
+/// Applies one group's ops (from every lane), whose shards start at `first`: sorted by shard
+/// (a counting sort), each shard's in one merge.
+fn apply_group(index: &Index, first: usize, runs: &mut [Run], sorted: &mut Vec<(u64, u64)>, rank: &[u32]) {
     const PER: usize = SHARDS / GROUPS;
     let shard = |h: u64| Index::shard_of(h) - first;
     let mut starts = [0usize; PER + 1];
-    for i in 0..run.len {
-        starts[shard(run.get(i).0) + 1] += 1;
+    let mut total = 0;
+    for run in runs.iter() {
+        for i in 0..run.len {
+            starts[shard(run.get(i).0) + 1] += 1;
+        }
+        total += run.len;
     }
     for s in 1..=PER {
         starts[s] += starts[s - 1];
     }
     sorted.clear();
-    sorted.resize(run.len, (0, 0));
+    sorted.resize(total, (0, 0));
     let mut next = starts;
-    for i in 0..run.len {
-        let op = run.get(i);
-        let s = shard(op.0);
-        sorted[next[s]] = op;
-        next[s] += 1;
+    for run in runs.iter() {
+        for i in 0..run.len {
+            let op = run.get(i);
+            let s = shard(op.0);
+            sorted[next[s]] = op;
+            next[s] += 1;
+        }
     }
     // The new tables' memory, the large ones cut from one mapping.
     let bytes: Vec<usize> = (0..PER)
         .map(|s| {
-            let puts = sorted[starts[s]..starts[s + 1]].iter().filter(|o| o.1 != DROP).count();
+            let puts = sorted[starts[s]..starts[s + 1]].iter().filter(|o| o.1 & DROP == 0).count();
             if puts == 0 {
                 return 0;
             }
@@ -182,39 +204,36 @@ fn apply_group(index: &Index, first: usize, run: &Run, sorted: &mut Vec<(u64, u6
         })
         .collect();
     let large: Vec<usize> = bytes.iter().copied().filter(|&b| b > 0).collect();
-    let mut pieces = Arena::cut(&large).unwrap_or_default().into_iter();
+    // The ops are in `sorted` now: their runs' memory holds the new tables.
+    let maps = runs.iter_mut().filter_map(|r| r.mem.take()).collect();
+    let mut pieces = Arena::cut(maps, &large).unwrap_or_default().into_iter();
     for s in 0..PER {
         let mem: Option<TableMem> = if bytes[s] > 0 { pieces.next() } else { None };
         if starts[s] < starts[s + 1] {
-            index.merge_shard(first + s, &mut sorted[starts[s]..starts[s + 1]], mem);
+            index.merge_shard(first + s, &mut sorted[starts[s]..starts[s + 1]], mem, rank);
         }
     }
 }
 
-/// One core's share of a gathering: the ops of groups `first..first + groups.len()`.
+/// One core's share of a gathering, with its own runs.
 pub(super) struct Lane<'b> {
     index: &'b Index,
-    groups: &'b mut [Run],
-    first: usize,
+    runs: &'b mut [Run],
     count: usize,
 }
 
 impl Lane<'_> {
-    /// Whether this lane keeps the ops of `hash`.
-    pub fn takes(&self, hash: u64) -> bool {
-        (self.first..self.first + self.groups.len()).contains(&((hash >> GROUP_SHIFT) as usize))
-    }
-
-    /// As [`Bulk::put`], for a hash this lane [takes](Lane::takes).
+    /// As [`Bulk::put`].
     pub fn put(&mut self, hash: u64, loc: Loc) {
         let v = self.index.pack(loc);
-        self.groups[(hash >> GROUP_SHIFT) as usize - self.first].push(hash, v);
+        self.runs[(hash >> GROUP_SHIFT) as usize].push(hash, v);
         self.count += 1;
     }
 
-    /// As [`Bulk::drop`], for a hash this lane [takes](Lane::takes).
-    pub fn drop(&mut self, hash: u64) {
-        self.groups[(hash >> GROUP_SHIFT) as usize - self.first].push(hash, DROP);
+    /// As [`Bulk::drop`].
+    pub fn drop(&mut self, hash: u64, loc: Loc) {
+        let v = self.index.pack(loc) | DROP;
+        self.runs[(hash >> GROUP_SHIFT) as usize].push(hash, v);
         self.count += 1;
     }
 }

@@ -9,8 +9,7 @@ use crate::format::volume::VOLUME_HEADER_LEN;
 use crate::stats::RecoveryProgress;
 use std::sync::atomic::Ordering;
 
-/// Gathers a hint's entries (see [`Bulk`]), on every core: each reads the whole hint and
-/// keeps the entries of its shards.
+/// Gathers a hint's entries (see [`Bulk`]), on every core: each takes a share of them.
 pub(super) fn load_hint(
     ring: &Ring,
     bulk: &mut Bulk<'_>,
@@ -20,31 +19,32 @@ pub(super) fn load_hint(
     progress: &RecoveryProgress,
     heads: &mut Vec<(u16, u32, u64)>,
 ) {
-    let found = bulk.lanes(h.len(), |lane, t| {
-        let mut found = Vec::new();
-        for (n, e) in h.iter().enumerate() {
+    let found = bulk.lanes(h.len(), |lane, t, lanes| {
+        let (mut found, mut told) = (Vec::new(), 0);
+        for (n, e) in h.iter_part(t, lanes).enumerate() {
             match e {
                 // Expired entries are indexed too: they must still shadow older values of
                 // their key, and reads answer them as misses.
                 HintEntry::Put { hash, offset, len, head, .. } => {
-                    if head && t == 0 {
+                    if head {
                         found.push((slot as u16, generation, offset));
                     }
-                    if lane.takes(hash) {
-                        lane.put(hash, ring.loc(slot, generation, offset, len as u64));
-                    }
+                    lane.put(hash, ring.loc(slot, generation, offset, len as u64));
                 }
-                HintEntry::Drop { hash, .. } if lane.takes(hash) => lane.drop(hash),
-                HintEntry::Drop { .. } => {}
+                HintEntry::Drop { hash, offset, len, .. } => {
+                    lane.drop(hash, ring.loc(slot, generation, offset, len as u64))
+                }
             }
-            if t == 0 && (n + 1).is_multiple_of(1 << 16) {
+            if (n + 1).is_multiple_of(1 << 16) {
                 progress.records.fetch_add(1 << 16, Ordering::Relaxed);
+                told += 1 << 16;
             }
         }
-        found
+        (found, told)
     });
-    progress.records.fetch_add(h.len() % (1 << 16), Ordering::Relaxed);
-    heads.extend(found.into_iter().flatten());
+    let told: u64 = found.iter().map(|f| f.1).sum();
+    progress.records.fetch_add(h.len() - told, Ordering::Relaxed);
+    heads.extend(found.into_iter().flat_map(|f| f.0));
 }
 
 /// Scans the first `len` bytes of a volume and hands `f` each record's hint entry and store

@@ -304,7 +304,11 @@ pub(crate) fn recover(
         .unzip();
     let total: u64 = costs.iter().sum();
     // Entries are gathered in volume order and applied a shard at a time.
-    let mut bulk = bulk::Bulk::new(&index, guesses.iter().sum());
+    let mut rank = vec![0u32; count];
+    for (i, vh) in found.iter().enumerate() {
+        rank[vh.slot as usize] = i as u32;
+    }
+    let mut bulk = bulk::Bulk::new(&index, guesses.iter().sum(), rank);
     // One buffer for every hint: a fresh one would be faulted in page by page each time.
     let mut hint_buf = None;
     progress.volumes_total.store(found.len() as u64, Ordering::Relaxed);
@@ -380,7 +384,7 @@ pub(crate) fn recover(
                     || (header.expiry_ms != 0 && header.expiry_ms <= now)
                     || flushes.flushed(header.stored_ms, now)
                 {
-                    bulk.drop(hash);
+                    bulk.drop(hash, ring.loc(slot, vh.generation, offset, header.record_len()));
                 } else {
                     bulk.put(hash, ring.loc(slot, vh.generation, offset, header.record_len()));
                     if header.is_head() {
@@ -397,7 +401,7 @@ pub(crate) fn recover(
                 tracing::warn!(slot, offset, record_len = header.record_len(), "damaged record skipped");
                 // A damaged chunk shadows nothing: its head, if any, fails when read.
                 if !header.is_chunk() {
-                    bulk.drop(ring.hash(key));
+                    bulk.drop(ring.hash(key), ring.loc(slot, vh.generation, offset, header.record_len()));
                 }
             }
         })
