@@ -39,6 +39,43 @@ pub(crate) struct Writer {
     pub closed: bool,
     /// Round-robin cursor of placement among equally used directories.
     pub cursor: usize,
+    /// The key hashes of the records written last, by place: a write that replaces one of
+    /// them learns whether it took another key's entry without reading that record.
+    pub recent: Recent,
+}
+
+/// A direct-mapped table of (place, key hash) of recent writes (1 MiB).
+pub(crate) struct Recent(Vec<(u64, u64)>);
+
+const RECENT: usize = 1 << 16;
+
+impl Default for Recent {
+    fn default() -> Self {
+        Recent(vec![(u64::MAX, 0); RECENT])
+    }
+}
+
+impl Recent {
+    fn place(loc: Loc) -> u64 {
+        ((loc.tag as u64) << 61) | ((loc.slot as u64) << 44) | (loc.offset / 8)
+    }
+
+    fn at(place: u64) -> usize {
+        (place.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize % RECENT
+    }
+
+    /// The record at `loc` has a key hashed `hash`.
+    pub fn note(&mut self, loc: Loc, hash: u64) {
+        let p = Self::place(loc);
+        self.0[Self::at(p)] = (p, hash);
+    }
+
+    /// The key hash of the record at `loc`, if it was written recently.
+    pub fn hash_of(&self, loc: Loc) -> Option<u64> {
+        let p = Self::place(loc);
+        let (q, h) = self.0[Self::at(p)];
+        (q == p).then_some(h)
+    }
 }
 
 impl Writer {

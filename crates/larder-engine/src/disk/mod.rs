@@ -186,6 +186,7 @@ impl Disk {
             last_stamp: start.last_stamp,
             closed: false,
             cursor: 0,
+            recent: Default::default(),
         };
         Disk {
             ring,
@@ -216,12 +217,15 @@ impl Disk {
         }
     }
 
-    /// Counts a false eviction if the entry a write of the key hashed `hash` replaced (naming
+    /// Counts a false eviction if the entry a write of `key` (hashed `hash`) replaced (naming
     /// `before`) was another key's. A read that does not wait, after the writer lock; the
     /// maintenance thread reads what is not in the page cache.
-    pub fn check_replaced(&self, before: Loc, hash: u64) {
-        match self.ring.key_hash_at(before, true) {
-            Some(h) => self.count_replaced(h, hash),
+    pub fn check_replaced(&self, before: Loc, hash: u64, key: &[u8]) {
+        match self.ring.other_key_at(before, key) {
+            Some(Some(true)) => {
+                self.ring.counters.false_evictions.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(_) => {}
             None => self.send(Job::Replaced { loc: before, hash }),
         }
     }

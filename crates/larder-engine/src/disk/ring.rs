@@ -142,6 +142,40 @@ impl Ring {
         self.counters.collision_reads.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Whether the live record at `loc` is of another key than `key`, from a read that does
+    /// not wait (of its header and up to 256 key bytes, or as many as `key` has, into a buffer
+    /// on the stack for most keys): `None` when the read would wait for the device or its key
+    /// is longer than was read; `Some(None)` when the slot has moved on or the record does not
+    /// verify.
+    pub fn other_key_at(&self, loc: Loc, key: &[u8]) -> Option<Option<bool>> {
+        let (Some(g), Some(file)) = (self.live_generation(loc), self.slots[loc.slot as usize].file()) else {
+            return Some(None);
+        };
+        let s = &self.slots[loc.slot as usize];
+        let want = (HEADER_LEN + key.len().max(256)).min(record::size_class_bytes(loc.class) as usize);
+        let (mut small, mut large) = ([0u8; HEADER_LEN + 256], Vec::new());
+        let buf = if want <= small.len() {
+            &mut small[..want]
+        } else {
+            large.resize(want, 0);
+            &mut large[..]
+        };
+        let n = match self.read(s, file, buf, loc.offset, true) {
+            Ok(Some(n)) => n,
+            Ok(None) => return None,
+            Err(_) => return Some(None),
+        };
+        let h = match record::decode_header(&buf[..n], s.salt.load(Ordering::Acquire)) {
+            Ok(h) => h,
+            Err(record::DecodeError::Short) => return None,
+            Err(_) => return Some(None),
+        };
+        if h.generation != g {
+            return Some(None);
+        }
+        Some(Some(&buf[HEADER_LEN..HEADER_LEN + h.key_len as usize] != key))
+    }
+
     /// The hash of the key of the live record at `loc`, from its header and key: `Some(None)`
     /// when the slot has moved on or the read fails; `None` when `nowait` and the read would
     /// wait for the device.

@@ -285,7 +285,7 @@ impl Store {
             });
         let mut header = new_header(flags);
         let looked = !opts.preconditions.is_empty();
-        let (pos, seen, seq, before) = {
+        let (pos, seen, seq, before, other) = {
             let Some((mut w, current)) = self.lock_current(hash, key, looked, wait, record_len)? else {
                 return Ok(None);
             };
@@ -323,6 +323,10 @@ impl Store {
                 sh.heads.insert(loc.slot, generation, loc.offset);
             }
             let before = sh.index.insert(hash, loc);
+            // Whether it took another key's entry, where the replaced record is recent enough
+            // to be known without reading it (`None`: read after the lock).
+            let other = before.map(|b| w.recent.hash_of(b).map(|h| h != hash));
+            w.recent.note(loc, hash);
             self.count_capped(capped);
             let seen = Seen { loc, generation };
             if always {
@@ -336,7 +340,7 @@ impl Store {
             // only once it is: a failed sync undoes the index change.
             let offer = if always { None } else { cached.take().map(|c| (c, seen)) };
             self.reconcile_memory(hash, key, offer);
-            (pos, seen, w.appended, before)
+            (pos, seen, w.appended, before, other)
         };
         crate::pause::point("put.unlocked", key);
         if always {
@@ -347,7 +351,13 @@ impl Store {
         }
         if let Some(before) = before {
             sh.retired(before, seq);
-            sh.check_replaced(before, hash);
+            match other {
+                Some(Some(true)) => {
+                    sh.ring.counters.false_evictions.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(None) => sh.check_replaced(before, hash, key),
+                _ => {}
+            }
         }
         sh.ring.counters.puts.fetch_add(1, Ordering::Relaxed);
         let version = Version { len: total_len, crc: total_crc, stored_ms: header.stored_ms };
