@@ -162,7 +162,14 @@ pub(crate) struct Disk {
     pins: Pins,
     /// The flushes in force (`flush_all`).
     pub flushes: Flushes,
+    /// `Job::Replaced` checks queued and not yet done (at most `MAX_REPLACED_CHECKS`).
+    replaced_checks: std::sync::atomic::AtomicUsize,
 }
+
+/// A bound on the checks of replaced records left to the maintenance thread: overwrites of
+/// cold keys faster than it reads their headers must not grow its queue without end. Past it
+/// a check is not made (the count of false evictions may then miss one).
+const MAX_REPLACED_CHECKS: usize = 4096;
 
 impl Disk {
     /// The engine over `ring` with the index recovery rebuilt; the writer goes on at `start`.
@@ -203,6 +210,7 @@ impl Disk {
             heads: Heads::default(),
             pins: Pins::default(),
             flushes,
+            replaced_checks: Default::default(),
         }
     }
 
@@ -226,11 +234,20 @@ impl Disk {
                 self.ring.counters.false_evictions.fetch_add(1, Ordering::Relaxed);
             }
             Some(_) => {}
-            None => self.send(Job::Replaced { loc: before, hash }),
+            None => {
+                let queued = self.replaced_checks.fetch_add(1, Ordering::Relaxed) < MAX_REPLACED_CHECKS
+                    && self.send(Job::Replaced { loc: before, hash });
+                if !queued {
+                    self.replaced_checks.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
         }
     }
 
+    /// The maintenance thread's half of [`Disk::check_replaced`]: `found` is the key hash of
+    /// the replaced record, read blocking.
     pub fn count_replaced(&self, found: Option<u64>, hash: u64) {
+        self.replaced_checks.fetch_sub(1, Ordering::Relaxed);
         if found.is_some_and(|h| h != hash) {
             self.ring.counters.false_evictions.fetch_add(1, Ordering::Relaxed);
         }
@@ -298,9 +315,8 @@ impl Disk {
         Ok(())
     }
 
-    pub fn send(&self, job: Job) {
-        if let Some(tx) = self.jobs.lock().as_ref() {
-            let _ = tx.send(job);
-        }
+    /// Sends `job` to the maintenance thread; false if none is connected.
+    pub fn send(&self, job: Job) -> bool {
+        self.jobs.lock().as_ref().is_some_and(|tx| tx.send(job).is_ok())
     }
 }
