@@ -50,6 +50,10 @@ pub struct StoreConfig {
     /// for longer than this (plus two renewals: paused, starved) flushes the same way. Counted
     /// in `Stats::downtime_flushes`. `None`: never (a restart keeps everything).
     pub max_downtime: Option<Duration>,
+    /// Content-addressed keys (a last segment of 64 hex digits after a segment `cas`, as
+    /// Bazel's HTTP cache writes them) take only a value whose SHA-256 they name; any other
+    /// write of one fails with `ErrorKind::Invalid` and is counted in `Stats::cas_refused`.
+    pub verify_cas: bool,
 }
 
 /// A bound on the life of the values of some keys: [`StoreConfig::expiry_cap`].
@@ -99,6 +103,7 @@ impl StoreConfig {
             reinsert_share: 0.2,
             expiry_cap: None,
             max_downtime: None,
+            verify_cas: false,
         }
     }
 }

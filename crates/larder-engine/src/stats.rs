@@ -85,6 +85,9 @@ pub struct Stats {
     pub punched_bytes: u64,
     /// Writes (puts and touches) of keys `StoreConfig::expiry_cap` applies to.
     pub capped_writes: u64,
+    /// Writes of content-addressed keys refused because the value did not hash to its key
+    /// (`StoreConfig::verify_cas`).
+    pub cas_refused: u64,
     /// Flushes for `StoreConfig::max_downtime`: at open, or after a stall while open.
     pub downtime_flushes: u64,
     /// Bytes of disk the volume files occupy (less than `bytes_used` where holes were punched).
@@ -164,6 +167,7 @@ pub(crate) struct Counters {
     pub read_failures: AtomicU64,
     pub punched_bytes: AtomicU64,
     pub capped_writes: AtomicU64,
+    pub cas_refused: AtomicU64,
     pub downtime_flushes: AtomicU64,
 }
 

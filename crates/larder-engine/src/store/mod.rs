@@ -8,6 +8,7 @@
 //! Durability: `FsyncPolicy::Always` makes each put and delete wait for an fdatasync that
 //! covers it; concurrent writers share one fdatasync (group commit).
 
+mod cas;
 mod keys;
 mod open;
 mod read;
@@ -69,6 +70,15 @@ impl Store {
         if applied {
             self.disk.ring.counters.capped_writes.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// A content-addressed value's check, counted when it refuses the value.
+    pub(crate) fn cas_verdict(&self, check: cas::Check) -> Result<()> {
+        let verdict = check.verdict();
+        if verdict.is_err() {
+            self.disk.ring.counters.cas_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        verdict
     }
 
     /// Whether a value of `len` bytes may enter the memory tier (`MemoryConfig::max_value`).
@@ -189,6 +199,7 @@ impl Store {
             read_failures: c.read_failures.load(Ordering::Relaxed),
             punched_bytes: c.punched_bytes.load(Ordering::Relaxed),
             capped_writes: c.capped_writes.load(Ordering::Relaxed),
+            cas_refused: c.cas_refused.load(Ordering::Relaxed),
             downtime_flushes: c.downtime_flushes.load(Ordering::Relaxed),
             allocated_bytes: sh.ring.slots.iter().filter_map(|s| s.file()?.allocated().ok()).sum(),
             rotations: c.rotations.load(Ordering::Relaxed),

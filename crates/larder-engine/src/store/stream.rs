@@ -24,6 +24,9 @@ pub struct ValueWriter<'s> {
     pending: Vec<u8>,
     /// The chunk records written so far.
     upload: Upload,
+    /// The hash of the chunks written so far, for a content-addressed key (one value no
+    /// longer than a chunk is checked by the put that stores it).
+    cas: Option<super::cas::Check>,
 }
 
 impl Store {
@@ -46,6 +49,7 @@ impl Store {
             preconditions: opts.preconditions.to_vec(),
             pending: Vec::new(),
             upload: Upload::default(),
+            cas: super::cas::Check::of(self.disk.ring.cfg.verify_cas, key),
         })
     }
 }
@@ -82,6 +86,9 @@ impl ValueWriter<'_> {
     }
 
     fn flush(&mut self) -> Result<()> {
+        if let Some(c) = &mut self.cas {
+            c.update(&self.pending);
+        }
         let written = self.store.append_chunk(&self.key, self.upload.chunks.len() as u32, &self.pending)?;
         self.upload.add(written, self.pending.len() as u64);
         self.pending.clear();
@@ -105,6 +112,10 @@ impl ValueWriter<'_> {
         };
         if self.upload.chunks.is_empty() {
             return self.store.put(&self.key, &self.pending, &opts);
+        }
+        // Its chunks are on disk, unreachable: refused, they are dead space the ring reclaims.
+        if let Some(check) = self.cas.take() {
+            self.store.cas_verdict(check)?;
         }
         let hash = self.store.disk.ring.hash(&self.key);
         let stored = self.store.put_head(&self.key, hash, &self.upload, &opts)?;

@@ -176,6 +176,11 @@ impl Store {
         self.check_size(total_len)?;
         check_content_type(opts.content_type)?;
         check_attrs(opts.attrs)?;
+        // Before a byte is written: a refused value leaves the key as it was.
+        if let Some(mut check) = super::cas::Check::of(sh.ring.cfg.verify_cas, key) {
+            value.iter().for_each(|p| check.update(p));
+            self.cas_verdict(check)?;
+        }
         let hash = sh.ring.hash(key);
         // A value longer than a chunk goes to disk as chunk records first, each appended under
         // the writer lock on its own so other writes flow meanwhile; then its head, below, is
