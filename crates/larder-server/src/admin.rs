@@ -189,6 +189,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
                 "downtime_ms": s.recovery.down_ms,
                 "started_empty": s.recovery.started_empty,
                 "downtime_flushes": s.downtime_flushes,
+                "cas_refused": s.cas_refused,
                 "cluster": app.settings.cluster.as_ref().map(|c| serde_json::json!({
                     "self": c.ring.nodes()[c.me].name,
                     "hash": c.ring.placement().name(),

@@ -3,13 +3,13 @@
 
 use crate::app::{App, Held, Holding};
 use crate::config::Settings;
-use crate::guard::budget::{Budget, Charge};
-use crate::guard::{BodyClock, Door, Unit};
+use crate::guard::budget::Charge;
+use crate::guard::BodyClock;
 use crate::headers;
-use crate::reply::{text, text_owned, Body, Resp};
+use crate::body::{charge, next_frame, read_body, too_slow, BodyError};
+use crate::reply::{engine_error, text, text_owned, Body, Op, Resp};
 use crate::storeio::{blocking, body_of, read, read_body_of, Read};
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{
     HeaderMap, HeaderValue, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG,
@@ -24,34 +24,6 @@ use std::sync::Arc;
 
 static X_POSITION: hyper::header::HeaderName = hyper::header::HeaderName::from_static("x-position");
 static X_CACHE: hyper::header::HeaderName = hyper::header::HeaderName::from_static("x-cache");
-
-/// Whether a request reads or writes: an I/O failure on a read means the data is
-/// unavailable (503, DESIGN §2), on a write that the write failed (500).
-#[derive(Clone, Copy)]
-enum Op {
-    Read,
-    Write,
-}
-
-/// The one table from engine errors to HTTP statuses.
-fn engine_error(e: &larder_engine::Error, op: Op) -> Resp {
-    let status = match (e.kind(), op) {
-        (ErrorKind::NoSpace, _) => StatusCode::INSUFFICIENT_STORAGE,
-        (ErrorKind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
-        (ErrorKind::InvalidKey | ErrorKind::Invalid, _) => StatusCode::BAD_REQUEST,
-        (ErrorKind::PreconditionFailed, _) => {
-            return text_owned(StatusCode::PRECONDITION_FAILED, format!("precondition failed: {e}\n"));
-        }
-        (ErrorKind::Io | ErrorKind::Corrupt, Op::Read) => StatusCode::SERVICE_UNAVAILABLE,
-        (ErrorKind::Io | ErrorKind::Corrupt | ErrorKind::Locked, _) => StatusCode::INTERNAL_SERVER_ERROR,
-        // The handlers retry a would-block call on the blocking pool; it never reaches here.
-        (ErrorKind::WouldBlock, _) => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    if status.is_server_error() {
-        tracing::error!(error = %e, "request failed");
-    }
-    text_owned(status, format!("{e}\n"))
-}
 
 fn position_value(p: larder_engine::Position) -> HeaderValue {
     let mut l = headers::Line::new();
@@ -172,86 +144,6 @@ pub async fn get(
     describe(&mut r, &v);
     let content_range = format!("bytes {}-{}/{}", start, end - 1, v.len);
     r.headers_mut().insert(CONTENT_RANGE, HeaderValue::try_from(content_range).expect("ASCII"));
-    r
-}
-
-/// Why a request body was not taken.
-enum BodyError {
-    TooLarge,
-    /// Slower than the minimum rate.
-    TooSlow,
-    Broken(hyper::Error),
-}
-
-/// Reads the body as the frames it came in (the store writes them with one vectored write:
-/// joining them cost a `memmove` and a fresh buffer's page faults per request), refusing as
-/// soon as it passes `limit` (nothing is buffered past it). Each frame is charged to `room`
-/// as it arrives (`expected`: the length it declared, if any, else `limit`; see [`charge`]),
-/// and the body must keep the minimum rate ([`next_frame`]).
-async fn read_body(
-    app: &App,
-    mut body: Incoming,
-    limit: u64,
-    expected: u64,
-    room: &mut Charge,
-    held: Option<&Held>,
-) -> Result<Vec<Bytes>, BodyError> {
-    let mut parts = Vec::new();
-    let mut have = 0u64;
-    let mut clock = BodyClock::new();
-    while let Some(frame) = next_frame(app, &mut body, &mut clock).await? {
-        let Ok(data) = frame.map_err(BodyError::Broken)?.into_data() else { continue };
-        have += data.len() as u64;
-        if have > limit {
-            return Err(BodyError::TooLarge);
-        }
-        charge(room, have, expected, held).await;
-        if !data.is_empty() {
-            parts.push(data);
-        }
-    }
-    Ok(parts)
-}
-
-/// The body's next frame, if it comes before the body's deadline: what arrived must have kept
-/// the minimum rate (`Policy::body_deadline`), however it trickles; the time the server took
-/// between two frames (room in the budget, the writer) does not count (`BodyClock`).
-async fn next_frame(
-    app: &App,
-    body: &mut Incoming,
-    clock: &mut BodyClock,
-) -> Result<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>, BodyError> {
-    clock.resume();
-    let frame = match clock.deadline(&app.policy) {
-        None => body.frame().await,
-        Some(d) => tokio::time::timeout_at(d, body.frame()).await.map_err(|_| {
-            app.policy.late(Door::Http, Unit::Body);
-            BodyError::TooSlow
-        })?,
-    };
-    if let Some(Ok(f)) = &frame {
-        clock.arrived(f.data_ref().map_or(0, |d| d.len() as u64));
-    }
-    Ok(frame)
-}
-
-/// Charges a body that has `have` bytes in and is expected to need room for `expected` in
-/// all (with its read buffer): what arrived, without waiting, until it has proven itself (`budget::PROVEN`); then the
-/// whole, waited for as a held request (the connection's idle timeout does not run while the
-/// server makes it wait).
-async fn charge(room: &mut Charge, have: u64, expected: u64, held: Option<&Held>) {
-    let now = Budget::with_read_buffer(have);
-    if room.try_arrived(have, now) {
-        return;
-    }
-    let _holding = Holding::new(held);
-    room.grow_to(now.max(Budget::with_read_buffer(expected))).await;
-}
-
-/// A body that came too slowly: 408, and the connection closes.
-fn too_slow() -> Resp {
-    let mut r = text(StatusCode::REQUEST_TIMEOUT, "the request body arrived too slowly\n");
-    r.headers_mut().insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
     r
 }
 

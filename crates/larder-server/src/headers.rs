@@ -208,7 +208,7 @@ pub fn last_modified(v: &Value) -> HeaderValue {
 /// An IMF-fixdate (RFC 9110 §5.6.7), e.g. `Sun, 06 Nov 1994 08:49:37 GMT`, for `secs` since
 /// the epoch (clamped to the year 9999). The civil date comes from days since the epoch by
 /// H. Hinnant's `civil_from_days`.
-fn http_date(secs: u64) -> HeaderValue {
+pub fn http_date(secs: u64) -> HeaderValue {
     let secs = secs.min(253_402_300_799);
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let z = days + 719_468;

@@ -92,6 +92,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                 reinsert_min_hits: s.reinsert_min_hits,
                 expiry_cap: crate::guard::ring::foreign_cap(s),
                 max_downtime: s.max_downtime,
+                verify_cas: s.verify_cas,
                 ..StoreConfig::new(&s.data_dir[0])
             };
             // Test builds only: log writes from the start, for a simulated power cut.

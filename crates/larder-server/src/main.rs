@@ -5,10 +5,12 @@
 mod admin;
 mod api;
 mod app;
+mod body;
 mod cli;
 mod cluster;
 mod config;
 mod conn;
+mod dav;
 mod guard;
 mod headers;
 mod key;

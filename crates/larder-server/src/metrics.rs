@@ -145,6 +145,7 @@ fn engine(s: &Stats) {
     gauge!("larder_allocated_bytes").set(s.allocated_bytes as f64);
     gauge!("larder_recovery_duration_seconds").set(s.recovery.millis as f64 / 1000.0);
     counter!("larder_foreign_writes_total").absolute(s.capped_writes);
+    counter!("larder_cas_refused_total").absolute(s.cas_refused);
     gauge!("larder_started_empty").set(if s.recovery.started_empty { 1.0 } else { 0.0 });
     counter!("larder_downtime_flushes_total").absolute(s.downtime_flushes);
     if let Some(ms) = s.recovery.down_ms {
@@ -182,6 +183,7 @@ fn describe() {
     c!("larder_proxy_purges_total", "Read-through mode: stored responses purged through /_larder/purge.");
     c!("larder_cache_hits_total", "Value reads (GET) that found a value, by the tier that answered (memc, disk).");
     c!("larder_cache_misses_total", "Value reads (GET) that found nothing.");
+    c!("larder_cas_refused_total", "--verify-cas: writes refused because the value did not hash to its key.");
     c!(
         "larder_foreign_writes_total",
         "Ring awareness: writes of keys this node does not own, kept at most --foreign-ttl."

@@ -5,6 +5,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::{Frame, SizeHint};
 use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use larder_engine::ErrorKind;
 use hyper::{Response, StatusCode};
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -114,4 +115,32 @@ pub fn method_not_allowed(allowed: &'static str) -> Resp {
     let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     r.headers_mut().insert(ALLOW, HeaderValue::from_static(allowed));
     r
+}
+
+/// Whether a request reads or writes: an I/O failure on a read means the data is
+/// unavailable (503, DESIGN §2), on a write that the write failed (500).
+#[derive(Clone, Copy)]
+pub enum Op {
+    Read,
+    Write,
+}
+
+/// The one table from engine errors to HTTP statuses.
+pub fn engine_error(e: &larder_engine::Error, op: Op) -> Resp {
+    let status = match (e.kind(), op) {
+        (ErrorKind::NoSpace, _) => StatusCode::INSUFFICIENT_STORAGE,
+        (ErrorKind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
+        (ErrorKind::InvalidKey | ErrorKind::Invalid, _) => StatusCode::BAD_REQUEST,
+        (ErrorKind::PreconditionFailed, _) => {
+            return text_owned(StatusCode::PRECONDITION_FAILED, format!("precondition failed: {e}\n"));
+        }
+        (ErrorKind::Io | ErrorKind::Corrupt, Op::Read) => StatusCode::SERVICE_UNAVAILABLE,
+        (ErrorKind::Io | ErrorKind::Corrupt | ErrorKind::Locked, _) => StatusCode::INTERNAL_SERVER_ERROR,
+        // The handlers retry a would-block call on the blocking pool; it never reaches here.
+        (ErrorKind::WouldBlock, _) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    if status.is_server_error() {
+        tracing::error!(error = %e, "request failed");
+    }
+    text_owned(status, format!("{e}\n"))
 }

@@ -1,5 +1,5 @@
 //! Where a request goes: the URI limit, key decoding, 405, the request's identity and
-//! permission put to the policy ([`crate::guard`]), 503 while recovering, then the key handlers ([`api`]) or, under the reserved
+//! permission put to the policy ([`crate::guard`]), 503 while recovering, then the key handlers ([`api`]), WebDAV ([`dav`]) or, under the reserved
 //! `/_larder/` prefix, the admin endpoints ([`admin`]). [`handle`] is the entry point, and
 //! times each request for the metrics, the access log and the slow-request warning.
 
@@ -8,16 +8,14 @@ use crate::api;
 use crate::app::{App, Held};
 use crate::guard::{Door, Identity, Permission, Refusal, Session};
 use crate::headers;
-use crate::key::{decode_key, RESERVED_PREFIX};
+use crate::dav;
+use crate::key::{decode_key, KeyError, RESERVED_PREFIX};
 use crate::reply::{method_not_allowed, text, Resp};
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, PROXY_AUTHORIZATION, WWW_AUTHENTICATE};
 use hyper::{Method, Request, StatusCode};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// The methods a key takes, for the `Allow` header of a 405.
-const ALLOWED: &str = "GET, HEAD, PUT, DELETE";
 
 /// Handles one request, timing it for the slow-request warning and the access log.
 /// `held` is the connection's count of held requests, given for a PUT and a GET (see [`Held`]).
@@ -83,6 +81,8 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
     }
     let key = match decode_key(req.uri().path()) {
         Ok(k) => k,
+        // The root is no key, but WebDAV's clients ask about it as a collection.
+        Err(KeyError::Empty) if dav::permission(req.method()).is_some() => std::borrow::Cow::Borrowed(&b""[..]),
         Err(e) => return text(StatusCode::BAD_REQUEST, e.message()),
     };
     if key.starts_with(RESERVED_PREFIX) {
@@ -115,7 +115,10 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
         Method::GET | Method::HEAD => Permission::Read,
         Method::PUT => Permission::Write,
         Method::DELETE => Permission::Delete,
-        _ => return method_not_allowed(ALLOWED),
+        ref m => match dav::permission(m) {
+            Some(p) => p,
+            None => return method_not_allowed(dav::ALLOWED),
+        },
     };
     if let Err(r) = admit(app, Door::Http, req.headers(), what) {
         return refused(r);
@@ -134,9 +137,13 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
             // bench/instructions-ab.sh).
             Box::pin(api::put(app, req, key, held)).await
         }
-        _ => {
+        Method::DELETE => {
             let preconditions = headers::write_preconditions(req.headers());
             Box::pin(api::delete(app, key.into_owned(), preconditions)).await
+        }
+        _ => {
+            let key = key.into_owned();
+            Box::pin(dav::handle(app, store, &key, req, held)).await
         }
     }
 }

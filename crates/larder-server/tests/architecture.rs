@@ -13,9 +13,9 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["guard", "metrics", "reply"],
     &["app"],
-    &["storeio"],
+    &["storeio", "body"],
     // The doors: each maps its protocol onto the policy and the store, and knows no other.
-    &["api", "proxy", "memcache"],
+    &["api", "dav", "proxy", "memcache"],
     // The operator's view over every door (stats, metrics, purge).
     &["admin"],
     // The HTTP listener: dispatch to the key API, the proxy or admin; connections.

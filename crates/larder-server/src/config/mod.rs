@@ -202,6 +202,15 @@ pub struct ServeArgs {
     /// Refuse PUT and DELETE with 403; serve reads only.
     #[arg(long)]
     pub read_only: bool,
+    /// Store a value under `…/cas/<sha256>` (Bazel's content-addressed keys) only if it hashes
+    /// to that digest, on every door; anything else is refused and nothing stored [default: off].
+    #[arg(long)]
+    pub verify_cas: bool,
+    /// WebDAV: the most keys a store may hold for a `PROPFIND` with `Depth: 1` to list a
+    /// collection (a listing reads every volume's record headers); above it such a listing is
+    /// refused with 507, never cut short. 0 refuses every listing [default: 10000].
+    #[arg(long, value_name = "N")]
+    pub dav_list_limit: Option<u64>,
     /// On SIGTERM/SIGINT, how long requests in flight may take to finish before their
     /// connections are closed; the store is then synced and checkpointed [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -356,6 +365,8 @@ struct FileConfig {
     auth_token: Option<PathBuf>,
     auth_reads: Option<bool>,
     read_only: Option<bool>,
+    verify_cas: Option<bool>,
+    dav_list_limit: Option<u64>,
     strict_dirs: Option<bool>,
     shutdown_timeout: Option<DurationValue>,
     cluster_nodes: Option<NodesValue>,
@@ -452,6 +463,10 @@ pub struct Settings {
     pub auth_reads: bool,
     /// Whether PUT and DELETE are refused.
     pub read_only: bool,
+    /// Whether content-addressed keys take only the value they name.
+    pub verify_cas: bool,
+    /// The most keys a store holds for WebDAV to list a collection.
+    pub dav_list_limit: u64,
     /// Time in-flight requests get to finish on SIGTERM/SIGINT.
     pub shutdown_timeout: Duration,
     /// Ring awareness, if on.
@@ -590,6 +605,8 @@ impl ServeArgs {
             )?,
             auth_reads: self.auth_reads || file.auth_reads.unwrap_or(false),
             read_only: self.read_only || file.read_only.unwrap_or(false),
+            verify_cas: self.verify_cas || file.verify_cas.unwrap_or(false),
+            dav_list_limit: self.dav_list_limit.or(file.dav_list_limit).unwrap_or(10_000),
             shutdown_timeout: dur(self.shutdown_timeout, &file.shutdown_timeout, Duration::from_secs(30))?,
             cluster,
             max_downtime,

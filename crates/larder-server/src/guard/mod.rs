@@ -342,6 +342,10 @@ pub fn check_flags(s: &Settings) -> Result<(), String> {
         // memcached client could read or rewrite them.
         return Err("--memcache-listen cannot be combined with --origin: memcached clients would reach the read-through cache's stored responses".into());
     }
+    if s.origin.is_some() && s.verify_cas {
+        // The key API it verifies is not served in read-through mode.
+        return Err("--verify-cas cannot be combined with --origin: read-through mode serves no key API to verify uploads to".into());
+    }
     if s.origin.is_some() && s.cluster.is_some() {
         // Stored responses are kept by their freshness; ring awareness would cut it short on
         // every node but one, and read-through nodes are not placed by a key router.

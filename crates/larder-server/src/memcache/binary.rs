@@ -142,6 +142,15 @@ fn exptime(e: u32) -> Expiry {
     expiry(e as i64)
 }
 
+/// The status of an engine failure: a value the store refuses as invalid (`--verify-cas`) is
+/// the client's error, anything else the server's.
+fn failure(e: &larder_engine::Error) -> u16 {
+    match e.kind() {
+        ErrorKind::Invalid => INVALID,
+        _ => SERVER,
+    }
+}
+
 /// A request whose parts do not fit its command: memcached answers "Invalid arguments" and
 /// closes the connection.
 fn invalid(c: &mut Conn, h: &Header) -> Result<bool, End> {
@@ -314,7 +323,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                     error(c, h, status);
                 }
                 Err(e) if e.kind() == ErrorKind::TooLarge => error(c, h, TOO_LARGE),
-                Err(_) => error(c, h, SERVER),
+                Err(e) => error(c, h, failure(&e)),
             }
         }
         // delete, deleteq
@@ -338,7 +347,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                 Ok(OK) if quiet => {}
                 Ok(OK) => answer(c, h, OK, 0, &[], &[], &[]),
                 Ok(status) => error(c, h, status),
-                Err(_) => error(c, h, SERVER),
+                Err(e) => error(c, h, failure(&e)),
             }
         }
         // increment, decrement and their quiet forms
@@ -392,7 +401,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                 Ok(Ok(_)) if quiet => {}
                 Ok(Ok((n, cas))) => answer(c, h, OK, cas, &[], &[], &n.to_be_bytes()),
                 Ok(Err(status)) => error(c, h, status),
-                Err(_) => error(c, h, SERVER),
+                Err(e) => error(c, h, failure(&e)),
             }
         }
         // quit, quitq
@@ -415,7 +424,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             match blocking(&app, move |s| s.flush_all(Duration::from_secs(delay))).await {
                 Ok(()) if quiet => {}
                 Ok(()) => answer(c, h, OK, 0, &[], &[], &[]),
-                Err(_) => error(c, h, SERVER),
+                Err(e) => error(c, h, failure(&e)),
             }
         }
         // SASL: the mechanisms, and PLAIN's one step (access.rs)
@@ -456,7 +465,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                 Ok(Ok(cas)) => answer(c, h, OK, cas, &[], &[], &[]),
                 Ok(Err(status)) => error(c, h, status),
                 Err(e) if e.kind() == ErrorKind::TooLarge => error(c, h, TOO_LARGE),
-                Err(_) => error(c, h, SERVER),
+                Err(e) => error(c, h, failure(&e)),
             }
         }
         // stat: one packet per statistic, then an empty one
@@ -484,7 +493,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                     answer(c, h, OK, v.stored_ms, &flags.to_be_bytes(), &[], &[])
                 }
                 Ok(None) => error(c, h, NOT_FOUND),
-                Err(_) => error(c, h, SERVER),
+                Err(e) => error(c, h, failure(&e)),
             }
         }
         _ => error(c, h, UNKNOWN),

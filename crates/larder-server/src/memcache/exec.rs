@@ -50,10 +50,14 @@ pub(super) fn expiry(exptime: i64) -> Expiry {
     }
 }
 
-/// An engine failure as memcached's `SERVER_ERROR` line (one line, whatever the message).
+/// An engine failure as memcached's `SERVER_ERROR` line (one line, whatever the message); a
+/// value the store refuses as invalid (`--verify-cas`) is the client's error.
 pub(super) fn server_error(e: &larder_engine::Error) -> String {
     let msg: String = e.to_string().chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
-    format!("SERVER_ERROR {msg}\r\n")
+    match e.kind() {
+        ErrorKind::Invalid => format!("CLIENT_ERROR {msg}\r\n"),
+        _ => format!("SERVER_ERROR {msg}\r\n"),
+    }
 }
 
 /// Whether a line too long to end in the buffer may go on: only a get's list of keys does,

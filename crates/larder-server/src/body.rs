@@ -1,0 +1,93 @@
+//! Request bodies as the HTTP doors read them (a PUT's value, a PROPFIND's XML): each frame
+//! charged to the body budget as it arrives and awaited within the body's deadline, so that
+//! every door that takes a body holds the same limits.
+
+use crate::app::{App, Held, Holding};
+use crate::guard::budget::{Budget, Charge};
+use crate::guard::{BodyClock, Door, Unit};
+use crate::reply::{text, Resp};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::header::HeaderValue;
+use hyper::StatusCode;
+
+/// Why a request body was not taken.
+pub enum BodyError {
+    TooLarge,
+    /// Slower than the minimum rate.
+    TooSlow,
+    Broken(hyper::Error),
+}
+
+/// Reads the body as the frames it came in (the store writes them with one vectored write:
+/// joining them cost a `memmove` and a fresh buffer's page faults per request), refusing as
+/// soon as it passes `limit` (nothing is buffered past it). Each frame is charged to `room`
+/// as it arrives (`expected`: the length it declared, if any, else `limit`; see [`charge`]),
+/// and the body must keep the minimum rate ([`next_frame`]).
+pub async fn read_body(
+    app: &App,
+    mut body: Incoming,
+    limit: u64,
+    expected: u64,
+    room: &mut Charge,
+    held: Option<&Held>,
+) -> Result<Vec<Bytes>, BodyError> {
+    let mut parts = Vec::new();
+    let mut have = 0u64;
+    let mut clock = BodyClock::new();
+    while let Some(frame) = next_frame(app, &mut body, &mut clock).await? {
+        let Ok(data) = frame.map_err(BodyError::Broken)?.into_data() else { continue };
+        have += data.len() as u64;
+        if have > limit {
+            return Err(BodyError::TooLarge);
+        }
+        charge(room, have, expected, held).await;
+        if !data.is_empty() {
+            parts.push(data);
+        }
+    }
+    Ok(parts)
+}
+
+/// The body's next frame, if it comes before the body's deadline: what arrived must have kept
+/// the minimum rate (`Policy::body_deadline`), however it trickles; the time the server took
+/// between two frames (room in the budget, the writer) does not count (`BodyClock`).
+pub async fn next_frame(
+    app: &App,
+    body: &mut Incoming,
+    clock: &mut BodyClock,
+) -> Result<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>, BodyError> {
+    clock.resume();
+    let frame = match clock.deadline(&app.policy) {
+        None => body.frame().await,
+        Some(d) => tokio::time::timeout_at(d, body.frame()).await.map_err(|_| {
+            app.policy.late(Door::Http, Unit::Body);
+            BodyError::TooSlow
+        })?,
+    };
+    if let Some(Ok(f)) = &frame {
+        clock.arrived(f.data_ref().map_or(0, |d| d.len() as u64));
+    }
+    Ok(frame)
+}
+
+/// Charges a body that has `have` bytes in and is expected to need room for `expected` in
+/// all (with its read buffer): what arrived, without waiting, until it has proven itself (`budget::PROVEN`); then the
+/// whole, waited for as a held request (the connection's idle timeout does not run while the
+/// server makes it wait).
+pub async fn charge(room: &mut Charge, have: u64, expected: u64, held: Option<&Held>) {
+    let now = Budget::with_read_buffer(have);
+    if room.try_arrived(have, now) {
+        return;
+    }
+    let _holding = Holding::new(held);
+    room.grow_to(now.max(Budget::with_read_buffer(expected))).await;
+}
+
+/// A body that came too slowly: 408, and the connection closes.
+pub fn too_slow() -> Resp {
+    let mut r = text(StatusCode::REQUEST_TIMEOUT, "the request body arrived too slowly\n");
+    r.headers_mut().insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}

@@ -1,0 +1,287 @@
+//! WebDAV's XML (RFC 4918): a `PROPFIND` body read, and a `207 Multi-Status` written.
+//!
+//! The body is read as a stream of events by quick-xml, which neither reads a DTD nor expands
+//! an entity. A document with a `DOCTYPE` is refused outright (so no entity, internal or
+//! external, is ever defined), as is one nested deeper than [`MAX_DEPTH`] or naming more than
+//! [`MAX_PROPS`] properties; the caller bounds its size.
+
+use quick_xml::escape::escape;
+use quick_xml::events::Event;
+use quick_xml::name::ResolveResult;
+use quick_xml::NsReader;
+
+/// Deepest element nesting a PROPFIND body may have (a real one has 3 or 4 levels).
+pub const MAX_DEPTH: usize = 16;
+/// Most properties a PROPFIND may name.
+pub const MAX_PROPS: usize = 256;
+
+const DAV: &[u8] = b"DAV:";
+
+/// A property's name: its namespace and local name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Name {
+    pub ns: Vec<u8>,
+    pub local: Vec<u8>,
+}
+
+impl Name {
+    fn dav(local: &str) -> Name {
+        Name { ns: DAV.to_vec(), local: local.as_bytes().to_vec() }
+    }
+}
+
+/// What a PROPFIND asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// Every property (also an empty body).
+    All,
+    /// The names of the properties only.
+    Names,
+    /// These properties.
+    Props(Vec<Name>),
+}
+
+/// The request of a PROPFIND body, or the one-line reason it is refused (a 400).
+pub fn parse_propfind(body: &[u8]) -> Result<Want, String> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Want::All);
+    }
+    let mut r = NsReader::from_reader(body);
+    r.config_mut().expand_empty_elements = true;
+    r.config_mut().trim_text(true);
+    // The path of DAV: elements open from the root (None for any other element).
+    let mut open: Vec<Option<Vec<u8>>> = Vec::new();
+    let (mut want, mut root_seen) = (None, false);
+    loop {
+        let (ns, ev) = r.read_resolved_event().map_err(|e| format!("malformed XML: {e}"))?;
+        match ev {
+            Event::DocType(_) => return Err("an XML DOCTYPE is refused (no DTDs, no entities)".into()),
+            Event::Start(e) => {
+                if open.len() == MAX_DEPTH {
+                    return Err(format!("XML nested deeper than {MAX_DEPTH} elements"));
+                }
+                let local = e.local_name().as_ref().to_vec();
+                let in_dav = matches!(ns, ResolveResult::Bound(n) if n.as_ref() == DAV);
+                let depth = open.len();
+                let parent = open.last().cloned().flatten();
+                match (depth, parent.as_deref()) {
+                    (0, _) => {
+                        if root_seen || !(in_dav && local == b"propfind") {
+                            return Err("the body of a PROPFIND must be one DAV:propfind element".into());
+                        }
+                        root_seen = true;
+                    }
+                    (1, Some(b"propfind")) if in_dav => match &local[..] {
+                        b"allprop" => want = want.or(Some(Want::All)),
+                        b"propname" => want = Some(Want::Names),
+                        b"prop" => want = Some(Want::Props(Vec::new())),
+                        _ => {} // DAV:include and extensions: nothing larder keeps
+                    },
+                    (2, Some(b"prop")) => {
+                        if let Some(Want::Props(names)) = &mut want {
+                            if names.len() == MAX_PROPS {
+                                return Err(format!("a PROPFIND may name at most {MAX_PROPS} properties"));
+                            }
+                            let ns = match ns {
+                                ResolveResult::Bound(n) => n.as_ref().to_vec(),
+                                ResolveResult::Unbound => Vec::new(),
+                                ResolveResult::Unknown(p) => {
+                                    return Err(format!("undeclared XML prefix {:?}", String::from_utf8_lossy(&p)))
+                                }
+                            };
+                            names.push(Name { ns, local: local.clone() });
+                        }
+                    }
+                    _ => {}
+                }
+                open.push(in_dav.then_some(local));
+            }
+            Event::End(_) => {
+                open.pop();
+            }
+            Event::Eof => break,
+            // Text, comments, processing instructions, CDATA and references are read past:
+            // none of them means anything in a PROPFIND, and no reference is expanded.
+            _ => {}
+        }
+    }
+    match (root_seen, want) {
+        (false, _) => Err("the body of a PROPFIND must be one DAV:propfind element".into()),
+        (true, None) => Err("a DAV:propfind needs DAV:allprop, DAV:propname or DAV:prop".into()),
+        (true, Some(w)) => Ok(w),
+    }
+}
+
+/// A resource as a PROPFIND answers for it.
+pub struct Resource {
+    /// Its `href`: already percent-encoded (it is XML-escaped here).
+    pub href: String,
+    pub collection: bool,
+    pub len: Option<u64>,
+    pub etag: Option<String>,
+    /// An HTTP date.
+    pub modified: Option<String>,
+    pub content_type: Option<String>,
+}
+
+impl Resource {
+    /// The properties it has, as (name, value written inside the element).
+    fn props(&self) -> Vec<(&'static str, String)> {
+        let mut p = vec![(
+            "resourcetype",
+            if self.collection { "<D:collection/>".to_string() } else { String::new() },
+        )];
+        if let Some(n) = self.len {
+            p.push(("getcontentlength", n.to_string()));
+        }
+        if let Some(e) = &self.etag {
+            p.push(("getetag", escape(e.as_str()).into_owned()));
+        }
+        if let Some(m) = &self.modified {
+            p.push(("getlastmodified", escape(m.as_str()).into_owned()));
+        }
+        if let Some(t) = &self.content_type {
+            p.push(("getcontenttype", escape(t.as_str()).into_owned()));
+        }
+        p
+    }
+}
+
+/// The start of a 207 body.
+pub fn open_multistatus() -> String {
+    "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n<D:multistatus xmlns:D=\"DAV:\">\n".to_string()
+}
+
+pub fn close_multistatus(out: &mut String) {
+    out.push_str("</D:multistatus>\n");
+}
+
+/// One `response` element: the properties `want` asks for that `r` has, under 200; those it
+/// asked for and `r` lacks, under 404.
+pub fn response(out: &mut String, r: &Resource, want: &Want) {
+    out.push_str("<D:response><D:href>");
+    out.push_str(&escape(r.href.as_str()));
+    out.push_str("</D:href>");
+    let props = r.props();
+    let (mut found, mut missing) = (String::new(), String::new());
+    match want {
+        Want::All => props.iter().for_each(|(n, v)| element(&mut found, n, v)),
+        Want::Names => props.iter().for_each(|(n, _)| element(&mut found, n, "")),
+        Want::Props(names) => {
+            for name in names {
+                let have = props.iter().find(|(n, _)| name == &Name::dav(n));
+                match have {
+                    Some((n, v)) => element(&mut found, n, v),
+                    None => foreign(&mut missing, name),
+                }
+            }
+        }
+    }
+    propstat(out, &found, "200 OK");
+    if !missing.is_empty() {
+        propstat(out, &missing, "404 Not Found");
+    }
+    out.push_str("</D:response>\n");
+}
+
+fn propstat(out: &mut String, props: &str, status: &str) {
+    out.push_str("<D:propstat><D:prop>");
+    out.push_str(props);
+    out.push_str("</D:prop><D:status>HTTP/1.1 ");
+    out.push_str(status);
+    out.push_str("</D:status></D:propstat>");
+}
+
+fn element(out: &mut String, name: &str, value: &str) {
+    match value.is_empty() {
+        true => out.push_str(&format!("<D:{name}/>")),
+        false => out.push_str(&format!("<D:{name}>{value}</D:{name}>")),
+    }
+}
+
+/// A property named by the client, written back empty in its own namespace. Its local name
+/// came out of a well-formed document, so it is a valid XML name.
+fn foreign(out: &mut String, name: &Name) {
+    let local = String::from_utf8_lossy(&name.local);
+    match (&name.ns[..], name.ns.is_empty()) {
+        (DAV, _) => out.push_str(&format!("<D:{local}/>")),
+        (_, true) => out.push_str(&format!("<{local} xmlns=\"\"/>")),
+        (ns, false) => {
+            let ns = String::from_utf8_lossy(ns);
+            out.push_str(&format!("<x:{local} xmlns:x=\"{}\"/>", escape(ns.as_ref())));
+        }
+    }
+}
+
+/// The body of a 403 for `Depth: infinity` on a collection (RFC 4918 §9.1).
+pub const FINITE_DEPTH: &str = "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n<D:error xmlns:D=\"DAV:\"><D:propfind-finite-depth/></D:error>\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_what_clients_send() {
+        assert_eq!(parse_propfind(b"").unwrap(), Want::All);
+        let allprop = br#"<?xml version="1.0"?><d:propfind xmlns:d="DAV:"><d:allprop/></d:propfind>"#;
+        assert_eq!(parse_propfind(allprop).unwrap(), Want::All);
+        let names = br#"<propfind xmlns="DAV:"><propname/></propfind>"#;
+        assert_eq!(parse_propfind(names).unwrap(), Want::Names);
+        // rclone's body: DAV: properties and one of ownCloud's.
+        let rclone = br#"<?xml version="1.0"?>
+<d:propfind xmlns:d="DAV:" xmlns:oc="http://owncloud.org/ns">
+ <d:prop><d:displayname /><d:getlastmodified /><d:getcontentlength /><oc:checksums /></d:prop>
+</d:propfind>"#;
+        let Want::Props(p) = parse_propfind(rclone).unwrap() else { panic!() };
+        assert_eq!(p.len(), 4);
+        assert_eq!(p[1], Name::dav("getlastmodified"));
+        assert_eq!(p[3], Name { ns: b"http://owncloud.org/ns".to_vec(), local: b"checksums".to_vec() });
+    }
+
+    #[test]
+    fn refuses_hostile_and_wrong_documents() {
+        let bomb = br#"<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;">]><D:propfind xmlns:D="DAV:"><D:prop><D:x>&lol2;</D:x></D:prop></D:propfind>"#;
+        assert!(parse_propfind(bomb).unwrap_err().contains("DOCTYPE"));
+        let xxe = br#"<?xml version="1.0"?><!DOCTYPE d [<!ENTITY e SYSTEM "file:///etc/passwd">]><D:propfind xmlns:D="DAV:"><D:allprop/></D:propfind>"#;
+        assert!(parse_propfind(xxe).unwrap_err().contains("DOCTYPE"));
+        let deep = format!(
+            r#"<D:propfind xmlns:D="DAV:"><D:prop>{}{}</D:prop></D:propfind>"#,
+            "<a>".repeat(40),
+            "</a>".repeat(40)
+        );
+        assert!(parse_propfind(deep.as_bytes()).unwrap_err().contains("deeper"));
+        let many = format!(r#"<D:propfind xmlns:D="DAV:"><D:prop>{}</D:prop></D:propfind>"#, "<D:x/>".repeat(300));
+        assert!(parse_propfind(many.as_bytes()).unwrap_err().contains("at most"));
+        assert!(parse_propfind(b"<propfind><allprop/></propfind>").is_err(), "not in DAV:");
+        assert!(parse_propfind(br#"<D:propfind xmlns:D="DAV:"><D:allprop></D:propfind>"#).is_err());
+        assert!(parse_propfind(br#"<D:propfind xmlns:D="DAV:"/>"#).is_err());
+        assert!(parse_propfind(br#"<D:propfind xmlns:D="DAV:"><x:y/></D:propfind>"#).is_err(), "unbound prefix");
+        assert!(parse_propfind(b"not xml at all").is_err());
+    }
+
+    #[test]
+    fn writes_found_and_missing_properties_apart() {
+        let r = Resource {
+            href: "/a%20b&c".into(),
+            collection: false,
+            len: Some(5),
+            etag: Some("\"5-x\"".into()),
+            modified: Some("Thu, 26 Nov 2026 10:00:00 GMT".into()),
+            content_type: None,
+        };
+        let want = Want::Props(vec![
+            Name::dav("getcontentlength"),
+            Name::dav("getcontenttype"),
+            Name { ns: b"urn:x".to_vec(), local: b"y".to_vec() },
+        ]);
+        let mut out = open_multistatus();
+        response(&mut out, &r, &want);
+        close_multistatus(&mut out);
+        assert!(out.contains("<D:href>/a%20b&amp;c</D:href>"), "{out}");
+        assert!(out.contains("<D:prop><D:getcontentlength>5</D:getcontentlength></D:prop><D:status>HTTP/1.1 200 OK"));
+        assert!(out.contains(r#"<D:prop><D:getcontenttype/><x:y xmlns:x="urn:x"/></D:prop><D:status>HTTP/1.1 404 Not Found"#));
+        // What it writes reads back as XML.
+        let mut r = NsReader::from_reader(out.as_bytes());
+        while !matches!(r.read_resolved_event().unwrap().1, Event::Eof) {}
+    }
+}
