@@ -5,7 +5,7 @@
 //! external, is ever defined), as is one nested deeper than [`MAX_DEPTH`] or naming more than
 //! [`MAX_PROPS`] properties; the caller bounds its size.
 
-use quick_xml::escape::escape;
+use quick_xml::escape::{escape, partial_escape};
 use quick_xml::events::Event;
 use quick_xml::name::ResolveResult;
 use quick_xml::NsReader;
@@ -99,7 +99,8 @@ pub fn parse_propfind(body: &[u8]) -> Result<Want, String> {
             Event::End(_) => {
                 open.pop();
             }
-            Event::Eof => break,
+            Event::Eof if open.is_empty() => break,
+            Event::Eof => return Err("malformed XML: the document ends inside an element".into()),
             // Text, comments, processing instructions, CDATA and references are read past:
             // none of them means anything in a PROPFIND, and no reference is expanded.
             _ => {}
@@ -135,13 +136,13 @@ impl Resource {
             p.push(("getcontentlength", n.to_string()));
         }
         if let Some(e) = &self.etag {
-            p.push(("getetag", escape(e.as_str()).into_owned()));
+            p.push(("getetag", partial_escape(e.as_str()).into_owned()));
         }
         if let Some(m) = &self.modified {
-            p.push(("getlastmodified", escape(m.as_str()).into_owned()));
+            p.push(("getlastmodified", partial_escape(m.as_str()).into_owned()));
         }
         if let Some(t) = &self.content_type {
-            p.push(("getcontenttype", escape(t.as_str()).into_owned()));
+            p.push(("getcontenttype", partial_escape(t.as_str()).into_owned()));
         }
         p
     }
@@ -160,7 +161,7 @@ pub fn close_multistatus(out: &mut String) {
 /// asked for and `r` lacks, under 404.
 pub fn response(out: &mut String, r: &Resource, want: &Want) {
     out.push_str("<D:response><D:href>");
-    out.push_str(&escape(r.href.as_str()));
+    out.push_str(&partial_escape(r.href.as_str()));
     out.push_str("</D:href>");
     let props = r.props();
     let (mut found, mut missing) = (String::new(), String::new());
