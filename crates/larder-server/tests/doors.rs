@@ -237,12 +237,13 @@ fn the_proxy_forwards_unsafe_methods_and_purges_only_with_write_rights() {
 fn flag_combinations_that_cannot_be_honoured_are_refused_at_start() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("data");
-    let cases: [(&[&str], &str); 2] = [
+    let cases: [(&[&str], &str); 3] = [
         (&["--auth-reads"], "--auth-reads needs a token"),
         (
             &["--origin", "http://127.0.0.1:9", "--memcache-listen", "127.0.0.1:0"],
             "--memcache-listen cannot be combined with --origin",
         ),
+        (&["--origin", "http://127.0.0.1:9", "--verify-cas"], "--verify-cas cannot be combined with --origin"),
     ];
     for (args, want) in cases {
         let out = Command::new(env!("CARGO_BIN_EXE_larder"))
@@ -257,4 +258,89 @@ fn flag_combinations_that_cannot_be_honoured_are_refused_at_start() {
         assert!(err.contains(want), "{args:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     }
+}
+
+#[test]
+fn webdav_methods_pass_the_same_policy_as_the_key_api() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token = token_file(tmp.path());
+    let dir = tmp.path().join("data");
+    let mut s = Server::start_in(&dir, &["--auth-token", &token]);
+    let mut c = s.client();
+    let a = auth();
+    let (with, wrong) = ([(a.0, a.1.as_str()), ("Depth", "0")], [("Authorization", "Bearer nope"), ("Depth", "0")]);
+    assert_eq!(c.request("PUT", "/k", &[(a.0, &a.1)], b"v").status, 200);
+    // Reads (PROPFIND, OPTIONS) are open as GET is; MKCOL writes.
+    assert_eq!(c.request("PROPFIND", "/k", &[("Depth", "0")], b"").status, 207);
+    assert_eq!(c.request("OPTIONS", "/k", &[], b"").status, 200);
+    assert_eq!(c.request("MKCOL", "/d/", &[], b"").status, 401);
+    assert_eq!(c.request("MKCOL", "/d/", &wrong, b"").status, 401);
+    assert_eq!(c.request("MKCOL", "/d/", &with, b"").status, 201);
+    s.stop();
+    s.restart_with(&["--auth-token", &token, "--auth-reads"]);
+    let mut c = s.client();
+    for m in ["PROPFIND", "OPTIONS"] {
+        let r = c.request(m, "/k", &[("Depth", "0")], b"");
+        assert_eq!((r.status, r.header("www-authenticate").is_some()), (401, true), "{m}");
+        assert_eq!(c.request(m, "/k", &wrong, b"").status, 401, "{m}");
+        assert!(matches!(c.request(m, "/k", &with, b"").status, 200 | 207), "{m}");
+    }
+    // A refused PROPFIND's body is not parsed: a hostile one gets the same 401.
+    assert_eq!(c.request("PROPFIND", "/", &[("Depth", "0")], b"<!DOCTYPE x [<!ENTITY a SYSTEM \"file:///\">]>").status, 401);
+    s.stop();
+    s.restart_with(&["--read-only"]);
+    let mut c = s.client();
+    assert_eq!(c.request("MKCOL", "/e/", &[], b"").status, 403);
+    assert_eq!(c.request("PROPFIND", "/k", &[("Depth", "0")], b"").status, 207);
+    assert_eq!(c.get("/k").body, b"v");
+    assert_eq!(s.stats()["refusals"]["http"]["read_only"], 1);
+}
+
+fn cas_key(value: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let hex: String = Sha256::digest(value).iter().map(|b| format!("{b:02x}")).collect();
+    format!("bazel/cas/{hex}")
+}
+
+#[test]
+fn verify_cas_refuses_wrong_content_on_every_door_and_keeps_what_was_stored() {
+    let s = Server::start(&["--verify-cas", "--memcache-listen", "127.0.0.1:0", "--chunk-size", "65536"]);
+    let mut c = s.client();
+    let good = b"a build output".to_vec();
+    let key = cas_key(&good);
+    let r = c.put(&format!("/{key}"), b"tampered output");
+    assert_eq!(r.status, 400);
+    assert!(String::from_utf8_lossy(&r.body).contains("SHA-256"), "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(c.get(&format!("/{key}")).status, 404, "nothing stored");
+    assert_eq!(c.put(&format!("/{key}"), &good).status, 200);
+    assert_eq!(c.put(&format!("/{key}"), b"tampered output").status, 400);
+    // Streamed (past a chunk): checked as it arrives, refused at its end.
+    let big = common::bytes(7, 300_000);
+    let big_key = cas_key(&big);
+    let mut bad = big.clone();
+    bad[299_999] ^= 1;
+    assert_eq!(c.put(&format!("/{big_key}"), &bad).status, 400);
+    assert_eq!(c.get(&format!("/{big_key}")).status, 404);
+    assert_eq!(c.put(&format!("/{big_key}"), &big).status, 200);
+    // Action results are not content-addressed.
+    assert_eq!(c.put(&format!("/bazel/ac/{}", &key[10..]), b"any").status, 200);
+
+    let mut m = Mc::connect(&s);
+    let set = format!("set {key} 0 0 3\r\nbad\r\n");
+    assert!(m.ask(set.as_bytes(), "\r\n").starts_with("CLIENT_ERROR the value's SHA-256 is "));
+    assert!(m.ask(format!("append {key} 0 0 1\r\nx\r\n").as_bytes(), "\r\n").starts_with("CLIENT_ERROR "));
+    assert!(m.ask(format!("ms {key} 3 T0\r\nbad\r\n").as_bytes(), "\r\n").starts_with("CLIENT_ERROR "));
+    let five = cas_key(b"5");
+    assert_eq!(m.ask(format!("set {five} 0 0 1\r\n5\r\n").as_bytes(), "\r\n"), "STORED\r\n");
+    assert!(m.ask(format!("incr {five} 1\r\n").as_bytes(), "\r\n").starts_with("CLIENT_ERROR "));
+    let mut b = Mc::connect(&s);
+    assert_eq!(b.binary(0x01, key.as_bytes(), &[0; 8], b"bad").0, 0x04, "binary set: invalid arguments");
+    assert_eq!(b.binary(0x0e, key.as_bytes(), &[], b"x").0, 0x04, "binary append");
+
+    assert_eq!(c.get(&format!("/{key}")).body, good, "every refused write left the value");
+    assert_eq!(c.get(&format!("/{big_key}")).body, big);
+    assert_eq!(c.get(&format!("/{five}")).body, b"5");
+    assert_eq!(s.stats()["cas_refused"], 9);
+    let metrics = String::from_utf8(c.get("/_larder/metrics").body).unwrap();
+    assert!(metrics.contains("larder_cas_refused_total 9"), "{metrics}");
 }

@@ -165,7 +165,7 @@ async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
             let r = match r {
                 Ok(true) => Answer::Line(Outcome::Deleted, "DELETED\r\n"),
                 Ok(false) => Answer::Line(Outcome::NotFound, "NOT_FOUND\r\n"),
-                Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
+                Err(e) => failed(&e),
             };
             reply(c, command_index(b"delete"), r, noreply);
             Ok(())
@@ -180,7 +180,7 @@ async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
             let r = match blocking(&c.app, move |s| s.touch(&k, expiry(exptime))).await {
                 Ok(Some(_)) => Answer::Line(Outcome::Touched, "TOUCHED\r\n"),
                 Ok(None) => Answer::Line(Outcome::NotFound, "NOT_FOUND\r\n"),
-                Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
+                Err(e) => failed(&e),
             };
             reply(c, command_index(b"touch"), r, noreply);
             Ok(())
@@ -194,7 +194,7 @@ async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
             };
             let r = match blocking(&c.app, move |s| s.flush_all(Duration::from_secs(secs))).await {
                 Ok(()) => Answer::Line(Outcome::Ok, "OK\r\n"),
-                Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
+                Err(e) => failed(&e),
             };
             reply(c, command_index(b"flush_all"), r, noreply);
             Ok(())
@@ -254,6 +254,15 @@ enum Answer {
     Owned(Outcome, String),
     /// Already sent (a refusal answered before its data block was read past).
     Sent(Outcome),
+}
+
+/// An engine failure as an answer, counted as the client's error or the server's.
+fn failed(e: &larder_engine::Error) -> Answer {
+    let outcome = match e.kind() {
+        ErrorKind::Invalid => Outcome::ClientError,
+        _ => Outcome::ServerError,
+    };
+    Answer::Owned(outcome, server_error(e))
 }
 
 fn reply(c: &mut Conn, command: usize, a: Answer, noreply: bool) {
@@ -451,7 +460,7 @@ async fn store_cmd(
                 match read_body_of(&c.app, store, key, Part::Nothing).await {
                     Ok(Some(_)) => Answer::Line(Outcome::Exists, "EXISTS\r\n"),
                     Ok(None) => Answer::Line(Outcome::NotFound, "NOT_FOUND\r\n"),
-                    Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
+                    Err(e) => failed(&e),
                 }
             }
             _ => Answer::Line(Outcome::NotStored, "NOT_STORED\r\n"),
@@ -459,7 +468,7 @@ async fn store_cmd(
         Err(e) if e.kind() == ErrorKind::TooLarge => {
             Answer::Line(Outcome::ServerError, "SERVER_ERROR object too large for cache\r\n")
         }
-        Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
+        Err(e) => failed(&e),
     })
 }
 
@@ -633,6 +642,6 @@ async fn arith(c: &Conn, key: &[u8], incr: bool, delta: u64) -> Answer {
         Ok(Done::NotNumeric) => {
             Answer::Line(Outcome::ClientError, "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n")
         }
-        Err(e) => Answer::Owned(Outcome::ServerError, server_error(&e)),
+        Err(e) => failed(&e),
     }
 }
