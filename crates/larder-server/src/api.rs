@@ -2,11 +2,11 @@
 //! one mapping from engine outcomes to HTTP statuses.
 
 use crate::app::{App, Held, Holding};
+use crate::body::{charge, next_frame, read_body, too_slow, BodyError};
 use crate::config::Settings;
 use crate::guard::budget::Charge;
 use crate::guard::BodyClock;
 use crate::headers;
-use crate::body::{charge, next_frame, read_body, too_slow, BodyError};
 use crate::reply::{engine_error, text, text_owned, Body, Op, Resp};
 use crate::storeio::{blocking, body_of, read, read_body_of, Read};
 use bytes::Bytes;

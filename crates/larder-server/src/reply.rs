@@ -5,8 +5,8 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::{Frame, SizeHint};
 use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
-use larder_engine::ErrorKind;
 use hyper::{Response, StatusCode};
+use larder_engine::ErrorKind;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 

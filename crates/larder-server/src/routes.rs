@@ -6,9 +6,9 @@
 use crate::admin;
 use crate::api;
 use crate::app::{App, Held};
+use crate::dav;
 use crate::guard::{Door, Identity, Permission, Refusal, Session};
 use crate::headers;
-use crate::dav;
 use crate::key::{decode_key, KeyError, RESERVED_PREFIX};
 use crate::reply::{method_not_allowed, text, Resp};
 use hyper::body::Incoming;

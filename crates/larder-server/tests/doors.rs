@@ -286,7 +286,10 @@ fn webdav_methods_pass_the_same_policy_as_the_key_api() {
         assert!(matches!(c.request(m, "/k", &with, b"").status, 200 | 207), "{m}");
     }
     // A refused PROPFIND's body is not parsed: a hostile one gets the same 401.
-    assert_eq!(c.request("PROPFIND", "/", &[("Depth", "0")], b"<!DOCTYPE x [<!ENTITY a SYSTEM \"file:///\">]>").status, 401);
+    assert_eq!(
+        c.request("PROPFIND", "/", &[("Depth", "0")], b"<!DOCTYPE x [<!ENTITY a SYSTEM \"file:///\">]>").status,
+        401
+    );
     s.stop();
     s.restart_with(&["--read-only"]);
     let mut c = s.client();

@@ -56,7 +56,9 @@ impl Check {
         let hexed: String = got.iter().map(|b| format!("{b:02x}")).collect();
         Err(Error::new(
             ErrorKind::Invalid,
-            format!("the value's SHA-256 is {hexed}, not the digest its key names (content-addressed keys are verified)"),
+            format!(
+                "the value's SHA-256 is {hexed}, not the digest its key names (content-addressed keys are verified)"
+            ),
         ))
     }
 }

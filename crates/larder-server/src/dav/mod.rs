@@ -115,13 +115,13 @@ async fn propfind(app: &Arc<App>, store: &Store, key: &[u8], req: Request<Incomi
     }
     let href = req.uri().path().to_string();
     let mut room = app.body_budget.body();
-    let want = match read_body(app, req.into_body(), MAX_BODY, declared.unwrap_or(MAX_BODY), &mut room, held.as_ref()).await
-    {
-        Ok(parts) => xml::parse_propfind(&parts.concat()),
-        Err(BodyError::TooLarge) => return too_large(),
-        Err(BodyError::TooSlow) => return too_slow(),
-        Err(BodyError::Broken(e)) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
-    };
+    let want =
+        match read_body(app, req.into_body(), MAX_BODY, declared.unwrap_or(MAX_BODY), &mut room, held.as_ref()).await {
+            Ok(parts) => xml::parse_propfind(&parts.concat()),
+            Err(BodyError::TooLarge) => return too_large(),
+            Err(BodyError::TooSlow) => return too_slow(),
+            Err(BodyError::Broken(e)) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
+        };
     drop(room);
     let want = match want {
         Ok(w) => w,
@@ -190,7 +190,14 @@ static SINCE: OnceLock<u64> = OnceLock::new();
 
 /// A sub-collection's properties, taken from its parent's.
 fn this_like(c: &Resource) -> Resource {
-    Resource { href: String::new(), collection: true, len: None, etag: None, modified: c.modified.clone(), content_type: None }
+    Resource {
+        href: String::new(),
+        collection: true,
+        len: None,
+        etag: None,
+        modified: c.modified.clone(),
+        content_type: None,
+    }
 }
 
 /// What a name in a listing is: a key, or the first segment of longer keys.

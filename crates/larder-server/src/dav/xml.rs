@@ -128,10 +128,7 @@ pub struct Resource {
 impl Resource {
     /// The properties it has, as (name, value written inside the element).
     fn props(&self) -> Vec<(&'static str, String)> {
-        let mut p = vec![(
-            "resourcetype",
-            if self.collection { "<D:collection/>".to_string() } else { String::new() },
-        )];
+        let mut p = vec![("resourcetype", if self.collection { "<D:collection/>".to_string() } else { String::new() })];
         if let Some(n) = self.len {
             p.push(("getcontentlength", n.to_string()));
         }
@@ -215,7 +212,8 @@ fn foreign(out: &mut String, name: &Name) {
 }
 
 /// The body of a 403 for `Depth: infinity` on a collection (RFC 4918 §9.1).
-pub const FINITE_DEPTH: &str = "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n<D:error xmlns:D=\"DAV:\"><D:propfind-finite-depth/></D:error>\n";
+pub const FINITE_DEPTH: &str =
+    "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n<D:error xmlns:D=\"DAV:\"><D:propfind-finite-depth/></D:error>\n";
 
 #[cfg(test)]
 mod tests {
@@ -280,7 +278,8 @@ mod tests {
         close_multistatus(&mut out);
         assert!(out.contains("<D:href>/a%20b&amp;c</D:href>"), "{out}");
         assert!(out.contains("<D:prop><D:getcontentlength>5</D:getcontentlength></D:prop><D:status>HTTP/1.1 200 OK"));
-        assert!(out.contains(r#"<D:prop><D:getcontenttype/><x:y xmlns:x="urn:x"/></D:prop><D:status>HTTP/1.1 404 Not Found"#));
+        assert!(out
+            .contains(r#"<D:prop><D:getcontenttype/><x:y xmlns:x="urn:x"/></D:prop><D:status>HTTP/1.1 404 Not Found"#));
         // What it writes reads back as XML.
         let mut r = NsReader::from_reader(out.as_bytes());
         while !matches!(r.read_resolved_event().unwrap().1, Event::Eof) {}

@@ -344,7 +344,10 @@ pub fn check_flags(s: &Settings) -> Result<(), String> {
     }
     if s.origin.is_some() && s.verify_cas {
         // The key API it verifies is not served in read-through mode.
-        return Err("--verify-cas cannot be combined with --origin: read-through mode serves no key API to verify uploads to".into());
+        return Err(
+            "--verify-cas cannot be combined with --origin: read-through mode serves no key API to verify uploads to"
+                .into(),
+        );
     }
     if s.origin.is_some() && s.cluster.is_some() {
         // Stored responses are kept by their freshness; ring awareness would cut it short on
