@@ -82,7 +82,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
     let key = match decode_key(req.uri().path()) {
         Ok(k) => k,
         // The root is no key, but WebDAV's clients ask about it as a collection.
-        Err(KeyError::Empty) if dav::permission(req.method()).is_some() => std::borrow::Cow::Borrowed(&b""[..]),
+        Err(KeyError::Empty) if dav::is_dav(req.method()) => std::borrow::Cow::Borrowed(&b""[..]),
         Err(e) => return text(StatusCode::BAD_REQUEST, e.message()),
     };
     if key.starts_with(RESERVED_PREFIX) {
@@ -115,7 +115,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
         Method::GET | Method::HEAD => Permission::Read,
         Method::PUT => Permission::Write,
         Method::DELETE => Permission::Delete,
-        ref m => match dav::permission(m) {
+        _ => match dav::permission(&req, &key) {
             Some(p) => p,
             None => return method_not_allowed(dav::ALLOWED),
         },

@@ -265,7 +265,7 @@ fn webdav_methods_pass_the_same_policy_as_the_key_api() {
     let tmp = tempfile::tempdir().unwrap();
     let token = token_file(tmp.path());
     let dir = tmp.path().join("data");
-    let mut s = Server::start_in(&dir, &["--auth-token", &token]);
+    let mut s = Server::start_in(&dir, &["--auth-token", &token, "--memcache-listen", "127.0.0.1:0"]);
     let mut c = s.client();
     let a = auth();
     let (with, wrong) = ([(a.0, a.1.as_str()), ("Depth", "0")], [("Authorization", "Bearer nope"), ("Depth", "0")]);
@@ -276,6 +276,14 @@ fn webdav_methods_pass_the_same_policy_as_the_key_api() {
     assert_eq!(c.request("MKCOL", "/d/", &[], b"").status, 401);
     assert_eq!(c.request("MKCOL", "/d/", &wrong, b"").status, 401);
     assert_eq!(c.request("MKCOL", "/d/", &with, b"").status, 201);
+    // A listing enumerates keys: it needs the token, as memcached's key dumps and stats do.
+    let list_with = [(a.0, a.1.as_str()), ("Depth", "1")];
+    assert_eq!(c.request("PROPFIND", "/", &[("Depth", "1")], b"").status, 401);
+    assert_eq!(c.request("PROPFIND", "/", &[("Depth", "1"), ("Authorization", "Bearer nope")], b"").status, 401);
+    assert_eq!(c.request("PROPFIND", "/", &list_with, b"").status, 207);
+    assert_eq!(c.request("PROPFIND", "/k", &[("Depth", "1")], b"").status, 207, "a key is no listing");
+    let mut m = Mc::connect(&s);
+    assert_eq!(m.ask(b"lru_crawler metadump all\r\n", "\r\n"), "CLIENT_ERROR unauthenticated\r\n");
     s.stop();
     s.restart_with(&["--auth-token", &token, "--auth-reads"]);
     let mut c = s.client();

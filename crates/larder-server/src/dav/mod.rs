@@ -11,8 +11,9 @@
 //! - `MKCOL` succeeds (201) where no value is stored: there is nothing to create.
 //! - `COPY`, `MOVE`, `PROPPATCH`, `LOCK` and the rest are refused with 405 and `Allow`.
 //!
-//! The request was admitted by the policy before it gets here (routes.rs: `PROPFIND` and
-//! `OPTIONS` read, `MKCOL` writes); a PROPFIND body is read as a PUT's is, charged to the
+//! The request was admitted by the policy before it gets here (routes.rs, [`permission`]:
+//! `PROPFIND` and `OPTIONS` read, a listing is admin as memcached's key dumps are, `MKCOL`
+//! writes); a PROPFIND body is read as a PUT's is, charged to the
 //! body budget and within the body's deadline, and at most [`MAX_BODY`] long.
 
 pub mod xml;
@@ -39,9 +40,17 @@ pub const ALLOWED: &str = "OPTIONS, GET, HEAD, PUT, DELETE, PROPFIND, MKCOL";
 /// The longest PROPFIND body taken (a real one is a few hundred bytes).
 pub const MAX_BODY: u64 = 64 << 10;
 
-/// What a WebDAV method asks of the policy; `None` for a method no path takes.
-pub fn permission(m: &Method) -> Option<Permission> {
-    match m.as_str() {
+/// Whether a method is one of WebDAV's that larder takes.
+pub fn is_dav(m: &Method) -> bool {
+    matches!(m.as_str(), "OPTIONS" | "PROPFIND" | "MKCOL")
+}
+
+/// What a WebDAV request asks of the policy (`key`: its decoded path); `None` for a method no
+/// path takes. A listing (`Depth: 1` on a collection) enumerates keys, as memcached's key
+/// dumps do: it needs what they need (admin), not merely read rights.
+pub fn permission(req: &Request<Incoming>, key: &[u8]) -> Option<Permission> {
+    match req.method().as_str() {
+        "PROPFIND" if is_collection(key) && depth(req) == Ok(Depth::One) => Some(Permission::Admin),
         "OPTIONS" | "PROPFIND" => Some(Permission::Read),
         "MKCOL" => Some(Permission::Write),
         _ => None,
@@ -88,7 +97,7 @@ async fn mkcol(app: &Arc<App>, store: &Store, key: &[u8], req: &Request<Incoming
 }
 
 /// `Depth`: 0, 1 or infinity (the default, RFC 4918 §10.2).
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Depth {
     Zero,
     One,
