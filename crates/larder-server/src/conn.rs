@@ -300,10 +300,11 @@ async fn serve_connection(
     let policy_app = app.clone();
     let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         seen.started.fetch_add(1, Ordering::Relaxed);
-        // Only a PUT can be held up by the server (see `Activity::held`); other requests pay
-        // nothing for it.
-        // A PUT may wait for room for its body, a GET for room for a large value's pieces.
-        let held = matches!(*req.method(), hyper::Method::PUT | hyper::Method::GET).then(|| Held(seen.held.clone()));
+        // What the server can hold up (see `Activity::held`) is marked; other requests pay
+        // nothing for it: a PUT or PROPFIND may wait for room for its body, a GET for room for
+        // a large value's pieces.
+        let held = (matches!(*req.method(), hyper::Method::PUT | hyper::Method::GET) || req.method() == "PROPFIND")
+            .then(|| Held(seen.held.clone()));
         let (app, seen) = (app.clone(), seen.clone());
         async move {
             let mut resp = handle(app.clone(), req, held).await?;

@@ -120,6 +120,33 @@ fn a_collection_is_listed_only_when_the_listing_is_whole() {
     assert!(text(&r.body).contains("--dav-list-limit 20"), "{}", text(&r.body));
     assert_eq!(text(&r.body).lines().count(), 1);
     assert_eq!(c.request("PROPFIND", "/d/", &[("Depth", "0")], b"").status, 207);
+
+    // 0 refuses every listing, even of an empty store.
+    let s = Server::start(&["--dav-list-limit", "0"]);
+    let r = s.client().request("PROPFIND", "/", &[("Depth", "1")], b"");
+    assert_eq!(r.status, 507, "{}", text(&r.body));
+}
+
+#[test]
+fn a_listing_answer_has_a_bound_whatever_the_client_names() {
+    let s = Server::start(&["--dav-list-limit", "100000"]);
+    let mut c = s.client();
+    // Each member echoes every foreign property named, in its namespace: 64 of the longest
+    // names the parser takes, over 4000 members, would be past 16 MiB.
+    let ns = format!("urn:{}", "n".repeat(250));
+    let props: String = (0..64).map(|i| format!("<x:{}{i}/>", "p".repeat(250))).collect();
+    let body = format!(r#"<D:propfind xmlns:D="DAV:" xmlns:x="{ns}"><D:prop>{props}</D:prop></D:propfind>"#);
+    assert_eq!(c.request("PROPFIND", "/k0", &[("Depth", "0")], body.as_bytes()).status, 404);
+    assert_eq!(c.put("/k0", b"v").status, 200);
+    let one = c.request("PROPFIND", "/k0", &[("Depth", "0")], body.as_bytes());
+    assert_eq!(one.status, 207);
+    assert!(one.body.len() < 64 << 10, "one resource's answer: {} bytes", one.body.len());
+    for i in 1..600 {
+        c.put(&format!("/k{i}"), b"v");
+    }
+    let r = c.request("PROPFIND", "/", &[("Depth", "1")], body.as_bytes());
+    assert_eq!(r.status, 507, "{}", text(&r.body[..200.min(r.body.len())]));
+    assert!(text(&r.body).contains("larger than 16 MiB"));
 }
 
 #[test]
@@ -127,9 +154,12 @@ fn mkcol_and_the_methods_larder_does_not_take() {
     let s = Server::start(&[]);
     let mut c = s.client();
     assert_eq!(c.request("MKCOL", "/new/", &[], b"").status, 201);
-    assert_eq!(c.request("MKCOL", "/new2", &[], b"").status, 201);
+    let r = c.request("MKCOL", "/new2", &[], b"");
+    assert_eq!(r.status, 403, "a collection is a path ending in /");
+    assert!(text(&r.body).contains("ending in /"));
     assert_eq!(c.put("/file", b"v").status, 200);
-    let r = c.request("MKCOL", "/file", &[], b"");
+    assert_eq!(c.put("/slash/", b"w").status, 200);
+    let r = c.request("MKCOL", "/slash/", &[], b"");
     assert_eq!(r.status, 405, "a value is stored there");
     assert!(r.header("allow").is_some());
     assert_eq!(c.request("MKCOL", "/x/", &[("Content-Type", "text/xml")], b"<a/>").status, 415);
@@ -140,7 +170,7 @@ fn mkcol_and_the_methods_larder_does_not_take() {
     }
     assert_eq!(c.get("/copy").status, 404);
     assert_eq!(c.get("/file").body, b"v");
-    assert_eq!(s.stats()["keys"], 1, "MKCOL stores nothing");
+    assert_eq!(s.stats()["keys"], 2, "MKCOL stores nothing");
 }
 
 #[test]

@@ -8,7 +8,8 @@
 //!   not keys), and only while the store holds at most `--dav-list-limit` keys: above it the
 //!   listing is refused with 507, never cut short. `Depth: infinity` on a collection is
 //!   refused (403, `propfind-finite-depth`), as RFC 4918 §9.1 allows.
-//! - `MKCOL` succeeds (201) where no value is stored: there is nothing to create.
+//! - `MKCOL` of a path ending in `/` succeeds (201) where no value is stored: there is
+//!   nothing to create. Of any other path it is refused (403): that would be no collection.
 //! - `COPY`, `MOVE`, `PROPPATCH`, `LOCK` and the rest are refused with 405 and `Allow`.
 //!
 //! The request was admitted by the policy before it gets here (routes.rs, [`permission`]:
@@ -86,13 +87,18 @@ async fn mkcol(app: &Arc<App>, store: &Store, key: &[u8], req: &Request<Incoming
         return text(StatusCode::UNSUPPORTED_MEDIA_TYPE, "MKCOL takes no body\n");
     }
     if !is_collection(key) {
+        // A collection made here would not be one to PROPFIND (its path holds no value and
+        // ends in no `/`): refused as RFC 4918 §9.3.1 allows, rather than a 201 that lies.
+        return text(StatusCode::FORBIDDEN, "collections are paths ending in /: MKCOL <path>/\n");
+    }
+    if !key.is_empty() {
         match read(app, store, key, Part::Nothing).await {
             Ok(Some(_)) => return method_not_allowed(ALLOWED),
             Ok(None) => {}
             Err(e) => return engine_error(&e, Op::Read),
         }
     }
-    // Collections are implicit: every path not holding a value already is one.
+    // Collections are implicit: every path ending in `/` is one, with nothing to create.
     text(StatusCode::CREATED, "created\n")
 }
 
@@ -167,6 +173,8 @@ async fn propfind(app: &Arc<App>, store: &Store, key: &[u8], req: Request<Incomi
         }
         Depth::Zero => xml::response(&mut out, &this, &want),
         Depth::One => {
+            // One listing at a time, its answer built within its turn.
+            let _turn = LISTING.acquire().await.expect("the listing semaphore is never closed");
             let members = match list(app, store, key).await {
                 Ok(m) => m,
                 Err(r) => return *r,
@@ -187,6 +195,11 @@ async fn propfind(app: &Arc<App>, store: &Store, key: &[u8], req: Request<Incomi
                     },
                 };
                 xml::response(&mut out, &r, &want);
+                if out.len() > MAX_LISTING {
+                    let why =
+                        format!("this listing is larger than {} MiB: ask for fewer properties\n", MAX_LISTING >> 20);
+                    return text_owned(StatusCode::INSUFFICIENT_STORAGE, why);
+                }
             }
         }
     }
@@ -219,6 +232,10 @@ enum Member {
 /// percent-encoded (and a sub-collection's trailing `/` kept).
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'/');
 
+/// The largest listing answer built (at most `--dav-list-limit` members with every property
+/// is about 3 MB at the default limit; a client naming many foreign properties gets 507).
+const MAX_LISTING: usize = 16 << 20;
+
 /// One listing scans at a time: each reads every volume's record headers.
 static LISTING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
@@ -233,10 +250,9 @@ async fn list(app: &Arc<App>, store: &Store, prefix: &[u8]) -> Result<BTreeMap<V
         ))
     };
     let held = store.stats().keys;
-    if held > limit {
+    if limit == 0 || held > limit {
         return Err(refused(held));
     }
-    let _turn = LISTING.acquire().await.expect("the listing semaphore is never closed");
     let prefix = prefix.to_vec();
     let scanned = blocking(app, move |store| {
         let (mut members, mut seen) = (BTreeMap::new(), 0u64);

@@ -2,18 +2,22 @@
 //!
 //! The body is read as a stream of events by quick-xml, which neither reads a DTD nor expands
 //! an entity. A document with a `DOCTYPE` is refused outright (so no entity, internal or
-//! external, is ever defined), as is one nested deeper than [`MAX_DEPTH`] or naming more than
-//! [`MAX_PROPS`] properties; the caller bounds its size.
+//! external, is ever defined), as is one nested deeper than [`MAX_DEPTH`], naming more than
+//! [`MAX_PROPS`] properties, or naming one whose name or namespace is longer than [`MAX_NAME`]
+//! or not plain (so that what is echoed back is small and always well-formed); the caller
+//! bounds its size.
 
-use quick_xml::escape::{escape, partial_escape};
+use quick_xml::escape::partial_escape;
 use quick_xml::events::Event;
 use quick_xml::name::ResolveResult;
 use quick_xml::NsReader;
 
 /// Deepest element nesting a PROPFIND body may have (a real one has 3 or 4 levels).
 pub const MAX_DEPTH: usize = 16;
-/// Most properties a PROPFIND may name.
-pub const MAX_PROPS: usize = 256;
+/// Most properties a PROPFIND may name (clients name a dozen or so).
+pub const MAX_PROPS: usize = 64;
+/// Longest property name, and longest namespace, in bytes.
+pub const MAX_NAME: usize = 256;
 
 const DAV: &[u8] = b"DAV:";
 
@@ -89,6 +93,7 @@ pub fn parse_propfind(body: &[u8]) -> Result<Want, String> {
                                     return Err(format!("undeclared XML prefix {:?}", String::from_utf8_lossy(&p)))
                                 }
                             };
+                            plain(&local, &ns)?;
                             names.push(Name { ns, local: local.clone() });
                         }
                     }
@@ -110,6 +115,19 @@ pub fn parse_propfind(body: &[u8]) -> Result<Want, String> {
         (false, _) => Err("the body of a PROPFIND must be one DAV:propfind element".into()),
         (true, None) => Err("a DAV:propfind needs DAV:allprop, DAV:propname or DAV:prop".into()),
         (true, Some(w)) => Ok(w),
+    }
+}
+
+/// A property's name and namespace are written back as they came: each must be short, the
+/// name an ASCII XML name, the namespace free of what would need escaping.
+fn plain(local: &[u8], ns: &[u8]) -> Result<(), String> {
+    let name_ok = local.first().is_some_and(|b| b.is_ascii_alphabetic() || *b == b'_')
+        && local.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    let ns_ok = ns.iter().all(|b| b.is_ascii_graphic() && !matches!(b, b'&' | b'<' | b'>' | b'"' | b'\''));
+    match (local.len() <= MAX_NAME && name_ok, ns.len() <= MAX_NAME && ns_ok) {
+        (true, true) => Ok(()),
+        (false, _) => Err(format!("a property name must be an ASCII XML name of at most {MAX_NAME} bytes")),
+        (_, false) => Err(format!("a property namespace must be a plain URI of at most {MAX_NAME} bytes")),
     }
 }
 
@@ -197,8 +215,8 @@ fn element(out: &mut String, name: &str, value: &str) {
     }
 }
 
-/// A property named by the client, written back empty in its own namespace. Its local name
-/// came out of a well-formed document, so it is a valid XML name.
+/// A property named by the client, written back empty in its own namespace ([`plain`] made
+/// sure that neither needs escaping).
 fn foreign(out: &mut String, name: &Name) {
     let local = String::from_utf8_lossy(&name.local);
     match (&name.ns[..], name.ns.is_empty()) {
@@ -206,7 +224,7 @@ fn foreign(out: &mut String, name: &Name) {
         (_, true) => out.push_str(&format!("<{local} xmlns=\"\"/>")),
         (ns, false) => {
             let ns = String::from_utf8_lossy(ns);
-            out.push_str(&format!("<x:{local} xmlns:x=\"{}\"/>", escape(ns.as_ref())));
+            out.push_str(&format!("<x:{local} xmlns:x=\"{ns}\"/>"));
         }
     }
 }
@@ -249,8 +267,18 @@ mod tests {
             "</a>".repeat(40)
         );
         assert!(parse_propfind(deep.as_bytes()).unwrap_err().contains("deeper"));
-        let many = format!(r#"<D:propfind xmlns:D="DAV:"><D:prop>{}</D:prop></D:propfind>"#, "<D:x/>".repeat(300));
+        let many = format!(r#"<D:propfind xmlns:D="DAV:"><D:prop>{}</D:prop></D:propfind>"#, "<D:x/>".repeat(65));
         assert!(parse_propfind(many.as_bytes()).unwrap_err().contains("at most"));
+        // What would be echoed back must be small and need no escaping.
+        let ns = "n".repeat(300);
+        let wide_ns = format!(r#"<D:propfind xmlns:D="DAV:" xmlns:x="urn:{ns}"><D:prop><x:a/></D:prop></D:propfind>"#);
+        assert!(parse_propfind(wide_ns.as_bytes()).unwrap_err().contains("namespace"));
+        let amp_ns = r#"<D:propfind xmlns:D="DAV:" xmlns:x="urn:a&amp;b"><D:prop><x:a/></D:prop></D:propfind>"#;
+        assert!(parse_propfind(amp_ns.as_bytes()).unwrap_err().contains("namespace"));
+        let long = format!(r#"<D:propfind xmlns:D="DAV:"><D:prop><D:{}/></D:prop></D:propfind>"#, "n".repeat(300));
+        assert!(parse_propfind(long.as_bytes()).unwrap_err().contains("property name"));
+        let odd = "<D:propfind xmlns:D=\"DAV:\"><D:prop><D:a\u{1}b/></D:prop></D:propfind>";
+        assert!(parse_propfind(odd.as_bytes()).is_err());
         assert!(parse_propfind(b"<propfind><allprop/></propfind>").is_err(), "not in DAV:");
         assert!(parse_propfind(br#"<D:propfind xmlns:D="DAV:"><D:allprop></D:propfind>"#).is_err());
         assert!(parse_propfind(br#"<D:propfind xmlns:D="DAV:"/>"#).is_err());
