@@ -117,6 +117,12 @@ fn crowds(s: &Server) -> Vec<(&'static str, SocketAddr, Vec<u8>, u8)> {
             b'x',
         ),
         ("HTTP: a trickled head", s.addr, b"GET /slow HTTP/1.1\r\nHost: l\r\n".to_vec(), b'x'),
+        (
+            "WebDAV: trickled PROPFIND bodies",
+            s.addr,
+            b"PROPFIND / HTTP/1.1\r\nHost: l\r\nDepth: 0\r\nContent-Length: 60000\r\n\r\n".to_vec(),
+            b' ',
+        ),
     ]
 }
 
@@ -150,7 +156,7 @@ fn hostile_crowds_on_every_door_stay_within_the_budget_are_closed_by_their_deadl
         let r = c.get(&format!("/unrelated/{i}"));
         assert_eq!((r.status, r.body.len()), (200, 100_000));
     }
-    assert_eq!(s.stats()["keys"], 1 + 6, "no trickled value was stored");
+    assert_eq!(s.stats()["keys"], 1 + 7, "no trickled value was stored");
     let closes = &s.stats()["deadline_closes"];
     assert!(closes["http"]["body"].as_u64().unwrap() >= CROWD as u64, "{closes}");
     assert!(closes["memcache_text"]["body"].as_u64().unwrap() >= CROWD as u64, "{closes}");

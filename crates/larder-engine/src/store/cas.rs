@@ -15,19 +15,11 @@ pub(crate) fn named_digest(key: &[u8]) -> Option<[u8; 32]> {
         return None;
     }
     let mut out = [0u8; 32];
+    let hex = |b: u8| char::from(b).to_digit(16).map(|d| d as u8);
     for (o, pair) in out.iter_mut().zip(last.chunks_exact(2)) {
         *o = (hex(pair[0])? << 4) | hex(pair[1])?;
     }
     Some(out)
-}
-
-fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
 }
 
 /// The hash of a value as it is written, against the digest its key names.
