@@ -227,3 +227,29 @@ fn a_delayed_flush_covers_values_whose_store_times_ran_ahead_of_the_clock() {
     assert!(s.get(b"k19999", &ReadOptions::default()).unwrap().is_none(), "after a restart too");
     assert!(s.get(b"after", &ReadOptions::default()).unwrap().is_some());
 }
+
+#[test]
+fn a_touch_of_a_value_only_memory_still_holds_keeps_its_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let v;
+    {
+        let s = Store::open(StoreConfig { reinsert_min_hits: 0, ..config(dir.path(), 1 << 20) }).unwrap();
+        v = s.put(b"k", b"held", &PutOptions::default()).unwrap().version;
+        for _ in 0..2 {
+            s.get(b"k", &ReadOptions::default()).unwrap().unwrap(); // promoted
+        }
+        // The ring turns past its volume: only memory holds the value now.
+        for i in 0..800 {
+            s.put(format!("filler{i}").as_bytes(), &[7u8; 60_000], &PutOptions::default()).unwrap();
+        }
+        assert_eq!(s.get(b"k", &ReadOptions::default()).unwrap().unwrap().tier, Tier::Memory);
+        // Written to disk again with its new expiry, as the same version (ETag, cas unique).
+        assert_eq!(s.touch(b"k", Expiry::After(Duration::from_secs(3600))).unwrap(), Some(v));
+        let got = s.get(b"k", &ReadOptions::default()).unwrap().unwrap();
+        assert_eq!((got.version(), &got.data[..]), (v, &b"held"[..]));
+        assert!(got.expiry_ms > larder_engine::now_ms() + 3_000_000);
+    }
+    let s = Store::open(config(dir.path(), 0)).unwrap();
+    let got = s.get(b"k", &ReadOptions::default()).unwrap().expect("the touched copy is on disk");
+    assert_eq!((got.version(), got.tier), (v, Tier::Disk), "the same version after a restart");
+}

@@ -95,7 +95,7 @@ impl Store {
     /// they are checksummed and written as they are, with one vectored write, never joined
     /// (a value longer than a chunk joins only the chunks that span parts).
     pub fn put_parts(&self, key: &[u8], parts: &[&[u8]], opts: &PutOptions<'_>) -> Result<Stored> {
-        self.put_inner(key, parts, opts, !opts.nonblocking)?.ok_or_else(Error::would_block)
+        self.put_inner(key, parts, opts, !opts.nonblocking, None)?.ok_or_else(Error::would_block)
     }
 
     /// Reads the value of `key`, or the part of it `opts` asks for; `Ok(None)` when absent,

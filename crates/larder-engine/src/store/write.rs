@@ -29,6 +29,9 @@ struct Prepared<'v> {
     crc: u32,
     /// A head's chunks, which must all still be on disk when it is committed.
     chunks: &'v [ChunkRef],
+    /// The store time to keep (a touch rewriting a value only memory holds keeps its
+    /// version); `None` stamps a new one.
+    stored_ms: Option<u64>,
 }
 
 /// The chunks of a large value written so far, for its head.
@@ -162,13 +165,15 @@ impl Store {
         }
     }
 
-    /// Stores the value made of `value`'s parts in order.
+    /// Stores the value made of `value`'s parts in order, under a new store time or, for a
+    /// value no longer than a chunk, `stored_ms` if given.
     pub(super) fn put_inner(
         &self,
         key: &[u8],
         value: &[&[u8]],
         opts: &PutOptions<'_>,
         wait: bool,
+        stored_ms: Option<u64>,
     ) -> Result<Option<Stored>> {
         check_key(key)?;
         let sh = &*self.disk;
@@ -222,7 +227,7 @@ impl Store {
         meta::encode(&mut meta, opts.content_type, blocks.as_ref());
         meta::encode_flags(&mut meta, opts.flags, opts.stale);
         meta::encode_attrs(&mut meta, opts.attrs);
-        let p = Prepared { value, value_crc, meta, flags: 0, len: total_len, crc: value_crc, chunks: &[] };
+        let p = Prepared { value, value_crc, meta, flags: 0, len: total_len, crc: value_crc, chunks: &[], stored_ms };
         self.commit(key, hash, p, opts, wait)
     }
 
@@ -248,6 +253,7 @@ impl Store {
             len: up.len,
             crc: up.crc,
             chunks: &up.chunks,
+            stored_ms: None,
         };
         self.commit(key, hash, p, opts, true)
     }
@@ -263,7 +269,8 @@ impl Store {
         wait: bool,
     ) -> Result<Option<Stored>> {
         let sh = &*self.disk;
-        let Prepared { value, value_crc, meta: meta_block, flags, len: total_len, crc: total_crc, chunks } = p;
+        let Prepared { value, value_crc, meta: meta_block, flags, len: total_len, crc: total_crc, chunks, stored_ms } =
+            p;
         let large = flags == FLAG_HEAD;
         let value_len: usize = value.iter().map(|p| p.len()).sum();
         let record_len = record::padded((HEADER_LEN + key.len() + meta_block.len() + value_len) as u64);
@@ -304,8 +311,9 @@ impl Store {
             if !chunks.iter().all(|c| sh.ring.holds(c)) {
                 return Err(chunks_reused());
             }
-            // Stamped under the lock, so store times (and versions) are unique and ordered.
-            header.stored_ms = sh.stamp(&mut w);
+            // Stamped under the lock, so store times (and versions) are unique and ordered; a
+            // kept time is the value's own, as a touch's copy on disk keeps it.
+            header.stored_ms = stored_ms.unwrap_or_else(|| sh.stamp(&mut w));
             // By the clock, which expiry is checked against, not by the stamp: the stamp runs
             // ahead of the clock after it stepped back.
             let now = now_ms();
@@ -571,8 +579,9 @@ impl Store {
             preconditions: &[Precondition::StoredAt(c.stored_ms)],
             nonblocking: false,
         };
-        match self.put(key, &c.data, &opts) {
-            Ok(stored) => Ok(Some(stored.version)),
+        // Written anew, but the same value: its store time, and so its version, stay.
+        match self.put_inner(key, &[&c.data], &opts, true, Some(c.stored_ms)) {
+            Ok(stored) => Ok(Some(stored.expect("a put that may wait completes").version)),
             Err(e) if e.kind() == ErrorKind::PreconditionFailed => Ok(None),
             Err(e) => Err(e),
         }
