@@ -225,7 +225,23 @@ fn corpus() -> Vec<(&'static str, Vec<Step>, bool)> {
     let many_get: String = (0..130).map(|i| format!(" m{i}")).collect();
     let big = format!("set big 0 0 {}\r\n{}\r\nget big\r\n", 2 << 20, "b".repeat(2 << 20));
     let long_line = format!("set {}\r\n", "x".repeat(3000));
+    // memcached drops a key whose set is refused as too large (so that its old value is not
+    // taken for the new one); add, replace and append keep it. Every meta set drops it.
+    let n = 2 << 20;
+    let refused_sets: String = ["add", "replace", "append", "prepend", "cas", "set"]
+        .iter()
+        .map(|cmd| {
+            let cas = if *cmd == "cas" { " 1" } else { "" };
+            format!("{cmd} t 0 0 {n}{cas}\r\n{}\r\nget t\r\n", "t".repeat(n))
+        })
+        .collect();
+    let refused_ms: String = ["S", "E", "R", "A", "P"]
+        .iter()
+        .map(|m| format!("set u 0 0 1\r\na\r\nms u {n} M{m}\r\n{}\r\nmg u v\r\n", "u".repeat(n)))
+        .collect();
     vec![
+        ("a set refused as too large drops the key", vec![send(&format!("set t 0 0 1\r\na\r\n{refused_sets}"))], false),
+        ("a meta set refused as too large drops the key, whatever its mode", vec![send(&refused_ms)], false),
         ("set and get", vec![send("set a 0 0 1\r\nx\r\nget a\r\nget b\r\n")], false),
         (
             "flags at the edges",
@@ -673,6 +689,7 @@ fn the_binary_protocol_answers_as_memcached_does() {
     let delta =
         |d: u64, initial: u64, exp: u32| [&d.to_be_bytes()[..], &initial.to_be_bytes(), &exp.to_be_bytes()].concat();
     let none = Vec::new();
+    let too_large: &'static [u8] = Box::leak(vec![b'l'; 2 << 20].into_boxed_slice());
     let requests: Vec<Request> = vec![
         (0x01, set(5, 0), b"a", b"hi", 0),
         (0x00, none.clone(), b"a", b"", 0),
@@ -715,6 +732,16 @@ fn the_binary_protocol_answers_as_memcached_does() {
         (0x0a, none.clone(), b"", b"", 0),
         (0x08, none.clone(), b"", b"", 0),
         (0x00, none.clone(), b"b", b"", 0),
+        // A set refused as too large drops the key (memcached's rule); add and replace keep it.
+        (0x01, set(0, 0), b"tl", b"a", 0),
+        (0x02, set(0, 0), b"tl", too_large, 0),
+        (0x03, set(0, 0), b"tl", too_large, 0),
+        (0x00, none.clone(), b"tl", b"", 0),
+        (0x01, set(0, 0), b"tl", too_large, 0),
+        (0x00, none.clone(), b"tl", b"", 0),
+        (0x01, set(0, 0), b"tl", b"a", 0),
+        (0x11, set(0, 0), b"tl", too_large, 0),
+        (0x00, none.clone(), b"tl", b"", 0),
     ];
     // An opcode neither knows.
     let unknown: Vec<Request> = vec![(0x30, none.clone(), b"", b"", 0)];

@@ -8,7 +8,7 @@
 //! answer echoes the opcode and opaque. Quiet variants answer only failures (and a quiet get
 //! not even a miss); `noop` flushes the answers of a batch of them.
 
-use super::exec::{contended, expiry, keep, read_block, server_error, stream_value, swallow, ROUNDS};
+use super::exec::{contended, drop_refused, expiry, keep, read_block, server_error, stream_value, swallow, ROUNDS};
 use super::stats::Outcome;
 use super::text::KEY_MAX;
 use super::{access, counters, Conn, End};
@@ -205,6 +205,13 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
             let most = store.config().chunk_size.min(store.config().max_value_size) as usize;
             let value_len = body_len.checked_sub(key_len + extras_len);
             if value_len.is_none_or(|v| v > most) || key_len > KEY_MAX {
+                // A set (not add or replace) drops the key, as memcached's does: its key is
+                // read (it comes before the value), the rest is read past below.
+                if matches!(opcode, 0x01 | 0x11) && value_len.is_some() && key_len > 0 && key_len <= KEY_MAX {
+                    read_block(c, HEADER + extras_len + key_len).await?;
+                    let key = c.input[HEADER + extras_len..HEADER + extras_len + key_len].to_vec();
+                    drop_refused(c, store, &key).await;
+                }
                 counters().count(command_of(opcode), Outcome::ClientError);
                 error(c, &h, if value_len.is_none() || key_len > KEY_MAX { INVALID } else { TOO_LARGE });
                 // Answered at once; the body is read past so the stream stays in step.
@@ -322,7 +329,12 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                     };
                     error(c, h, status);
                 }
-                Err(e) if e.kind() == ErrorKind::TooLarge => error(c, h, TOO_LARGE),
+                Err(e) if e.kind() == ErrorKind::TooLarge => {
+                    if op == 0x01 {
+                        drop_refused(c, store, key).await;
+                    }
+                    error(c, h, TOO_LARGE)
+                }
                 Err(e) => error(c, h, failure(&e)),
             }
         }

@@ -424,6 +424,9 @@ async fn store_cmd(
     // Larger than the store takes; and appending or prepending more than a chunk, which
     // larder does not (memcached's own items stop at 1 MiB by default).
     if len > cfg.max_value_size || (streamed && matches!(op, StoreOp::Append | StoreOp::Prepend)) {
+        if op == StoreOp::Set {
+            drop_refused(c, store, key).await;
+        }
         answer_then_swallow(c, "SERVER_ERROR object too large for cache\r\n", len + 2).await?;
         return Ok(Answer::Sent(Outcome::ServerError));
     }
@@ -466,10 +469,29 @@ async fn store_cmd(
             _ => Answer::Line(Outcome::NotStored, "NOT_STORED\r\n"),
         },
         Err(e) if e.kind() == ErrorKind::TooLarge => {
+            if op == StoreOp::Set {
+                drop_refused(c, store, key).await;
+            }
             Answer::Line(Outcome::ServerError, "SERVER_ERROR object too large for cache\r\n")
         }
         Err(e) => failed(&e),
     })
+}
+
+/// memcached's rule for a `set` refused as too large (text, binary, and every meta set): the
+/// key's old value is dropped, so that no reader takes it for the value the client believes
+/// it replaced. Only after the policy admitted the write.
+pub(super) async fn drop_refused(c: &Conn, store: &Store, key: &[u8]) {
+    let k = key.to_vec();
+    let r = match store.delete(key, &DeleteOptions { nonblocking: true, ..Default::default() }) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+            blocking(&c.app, move |s| s.delete(&k, &DeleteOptions::default())).await
+        }
+        done => done,
+    };
+    if let Err(e) = r {
+        tracing::error!(error = %e, "the old value of a key whose set was refused as too large could not be dropped");
+    }
 }
 
 /// What a storage command writes, owned so that it can move to the blocking pool.

@@ -9,8 +9,8 @@
 //! accessed when stored, no token out. The stale mark (`I`) is part of the stored value.
 
 use super::exec::{
-    answer_then_swallow, contended, expiry, keep, put_streamed, read_block, server_error, stream_value, swallow, Put,
-    ROUNDS,
+    answer_then_swallow, contended, drop_refused, expiry, keep, put_streamed, read_block, server_error, stream_value,
+    swallow, Put, ROUNDS,
 };
 use super::text::{safe_strtol, safe_strtoul, safe_strtoull, KEY_MAX};
 use super::{mdma, Conn, End};
@@ -417,6 +417,8 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     let cfg = store.config();
     let append = matches!(f.mode, Some(b'A' | b'P'));
     if len > cfg.max_value_size || (len > cfg.chunk_size && append) {
+        // memcached drops the key whatever the mode (set, add, replace, append, prepend).
+        drop_refused(c, store, &key).await;
         return answer_then_swallow(c, "SERVER_ERROR object too large for cache\r\n", len + 2).await;
     }
     let app = c.app.clone();
