@@ -1,5 +1,5 @@
-//! The key API: GET, HEAD, PUT and DELETE of `/<key>`, the reading of request bodies, and the
-//! one mapping from engine outcomes to HTTP statuses.
+//! The key API: GET, HEAD, PUT, PATCH (a touch) and DELETE of `/<key>`, with their headers
+//! and the reading of a PUT's body.
 
 use crate::app::{App, Held, Holding};
 use crate::body::{charge, next_frame, read_body, too_slow, BodyError};
@@ -13,7 +13,7 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{
     HeaderMap, HeaderValue, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG,
-    IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED,
+    IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED, TRANSFER_ENCODING,
 };
 use hyper::{Request, Response, StatusCode};
 use larder_engine::{
@@ -370,6 +370,31 @@ pub async fn delete(app: &Arc<App>, key: Vec<u8>, preconditions: Vec<Preconditio
     match result {
         Ok(true) => text(StatusCode::OK, "deleted\n"),
         Ok(false) => text(StatusCode::NOT_FOUND, "not found\n"),
+        Err(e) => engine_error(&e, Op::Write),
+    }
+}
+
+/// PATCH with `X-TTL` and no body (a touch): the stored value gets a new expiry, counted from
+/// now (`X-TTL: 0` = none); its bytes, type and version (`ETag`) stay, whichever tier holds it.
+pub async fn touch(app: &Arc<App>, h: &HeaderMap, key: Vec<u8>) -> Resp {
+    if h.get(CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0") || h.contains_key(TRANSFER_ENCODING) {
+        return text(StatusCode::BAD_REQUEST, "PATCH takes no body: it changes only the expiry, given in X-TTL\n");
+    }
+    if !h.contains_key(&headers::X_TTL) {
+        return text(StatusCode::BAD_REQUEST, "PATCH needs X-TTL: the new time to live in seconds (0 = none)\n");
+    }
+    let ttl = match headers::ttl(h, std::time::Duration::ZERO) {
+        Ok(t) => t,
+        Err(m) => return text_owned(StatusCode::BAD_REQUEST, m),
+    };
+    let expiry = ttl.map_or(Expiry::Never, Expiry::After);
+    match blocking(app, move |store| store.touch(&key, expiry)).await {
+        Ok(Some(version)) => {
+            let mut r = text(StatusCode::OK, "touched\n");
+            r.headers_mut().insert(ETAG, headers::etag(version));
+            r
+        }
+        Ok(None) => text(StatusCode::NOT_FOUND, "not found\n"),
         Err(e) => engine_error(&e, Op::Write),
     }
 }

@@ -113,7 +113,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
     }
     let what = match *req.method() {
         Method::GET | Method::HEAD => Permission::Read,
-        Method::PUT => Permission::Write,
+        Method::PUT | Method::PATCH => Permission::Write,
         Method::DELETE => Permission::Delete,
         _ => match dav::permission(&req, &key) {
             Some(p) => p,
@@ -137,6 +137,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
             // bench/instructions-ab.sh).
             Box::pin(api::put(app, req, key, held)).await
         }
+        Method::PATCH => Box::pin(api::touch(app, req.headers(), key.into_owned())).await,
         Method::DELETE => {
             let preconditions = headers::write_preconditions(req.headers());
             Box::pin(api::delete(app, key.into_owned(), preconditions)).await

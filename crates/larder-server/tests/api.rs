@@ -28,7 +28,7 @@ fn statuses_for_bad_requests_carry_a_message() {
     let mut c = s.client();
     let r = c.request("POST", "/foo", &[], b"x");
     assert_eq!(r.status, 405);
-    assert_eq!(r.header("allow"), Some("OPTIONS, GET, HEAD, PUT, DELETE, PROPFIND, MKCOL"));
+    assert_eq!(r.header("allow"), Some("OPTIONS, GET, HEAD, PUT, PATCH, DELETE, PROPFIND, MKCOL"));
     assert!(!r.body.is_empty());
     for m in ["GET", "PUT", "DELETE"] {
         let r = c.request(m, "/", &[], b"");

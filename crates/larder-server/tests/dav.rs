@@ -31,7 +31,7 @@ fn options_and_propfind_describe_keys_and_collections() {
     let mut c = s.client();
     let r = c.request("OPTIONS", "/", &[], b"");
     assert_eq!((r.status, r.header("dav")), (200, Some("1")));
-    assert_eq!(r.header("allow"), Some("OPTIONS, GET, HEAD, PUT, DELETE, PROPFIND, MKCOL"));
+    assert_eq!(r.header("allow"), Some("OPTIONS, GET, HEAD, PUT, PATCH, DELETE, PROPFIND, MKCOL"));
 
     assert_eq!(c.request("PUT", "/dir/a%20b.txt", &[("Content-Type", "text/plain")], b"hello").status, 200);
     let etag = c.get("/dir/a%20b.txt").header("etag").unwrap().to_string();
@@ -166,7 +166,7 @@ fn mkcol_and_the_methods_larder_does_not_take() {
     for m in ["COPY", "MOVE", "PROPPATCH", "LOCK", "UNLOCK", "POST", "PATCH"] {
         let r = c.request(m, "/file", &[("Destination", "http://larder/copy")], b"");
         assert_eq!(r.status, 405, "{m}");
-        assert_eq!(r.header("allow"), Some("OPTIONS, GET, HEAD, PUT, DELETE, PROPFIND, MKCOL"), "{m}");
+        assert_eq!(r.header("allow"), Some("OPTIONS, GET, HEAD, PUT, PATCH, DELETE, PROPFIND, MKCOL"), "{m}");
     }
     assert_eq!(c.get("/copy").status, 404);
     assert_eq!(c.get("/file").body, b"v");

@@ -131,6 +131,7 @@ fn read_only_refuses_every_write_on_every_door_and_changes_nothing() {
     s.restart_with(&["--memcache-listen", "127.0.0.1:0", "--read-only"]);
     let mut c = s.client();
     assert_eq!(c.put("/a", b"other").status, 403);
+    assert_eq!(c.request("PATCH", "/a", &[("X-TTL", "1")], b"").status, 403, "a touch is a write");
     assert_eq!(c.delete("/a").status, 403);
     assert_eq!(c.request("POST", "/_larder/flush", &[], b"").status, 403);
 
@@ -276,6 +277,8 @@ fn webdav_methods_pass_the_same_policy_as_the_key_api() {
     assert_eq!(c.request("MKCOL", "/d/", &[], b"").status, 401);
     assert_eq!(c.request("MKCOL", "/d/", &wrong, b"").status, 401);
     assert_eq!(c.request("MKCOL", "/d/", &with, b"").status, 201);
+    assert_eq!(c.request("PATCH", "/k", &[("X-TTL", "60")], b"").status, 401, "a touch is a write");
+    assert_eq!(c.request("PATCH", "/k", &[(a.0, &a.1), ("X-TTL", "60")], b"").status, 200);
     // A listing enumerates keys: it needs the token, as memcached's key dumps and stats do.
     let list_with = [(a.0, a.1.as_str()), ("Depth", "1")];
     assert_eq!(c.request("PROPFIND", "/", &[("Depth", "1")], b"").status, 401);

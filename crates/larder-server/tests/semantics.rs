@@ -47,6 +47,57 @@ fn x_ttl_expires_keys_on_time_in_both_tiers() {
 }
 
 #[test]
+fn a_patch_touches_the_ttl_and_keeps_the_value_and_its_version_in_both_tiers() {
+    for promote_after in ["1", "1000"] {
+        let s = Server::start(&["--promote-after", promote_after, "--memcache-listen", "127.0.0.1:0"]);
+        let mut c = s.client();
+        let put = c.request("PUT", "/t", &[("X-TTL", "1"), ("Content-Type", "text/x-kept")], b"kept");
+        let etag = put.header("etag").unwrap().to_string();
+        c.get("/t"); // promotes it with --promote-after 1
+        let r = c.get("/t");
+        assert_eq!(r.header("x-cache"), Some(if promote_after == "1" { "MEMC" } else { "DISK" }));
+        let mut m = common::mc::Mc::connect(&s);
+        let cas_before = m.ask(b"gets t\r\n", "END\r\n");
+        let touched = c.request("PATCH", "/t", &[("X-TTL", "60")], b"");
+        assert_eq!((touched.status, touched.header("etag")), (200, Some(etag.as_str())));
+        std::thread::sleep(Duration::from_millis(1300));
+        let r = c.get("/t");
+        assert_eq!((r.status, &r.body[..]), (200, &b"kept"[..]), "alive past its first TTL");
+        assert_eq!(r.header("etag"), Some(etag.as_str()), "the same version");
+        assert_eq!(r.header("content-type"), Some("text/x-kept"));
+        assert!(max_age(&r) > 50);
+        assert_eq!(m.ask(b"gets t\r\n", "END\r\n"), cas_before, "the same cas unique");
+        // A touch to a short TTL expires it then; X-TTL 0 keeps it for good.
+        assert_eq!(c.request("PATCH", "/t", &[("X-TTL", "1")], b"").status, 200);
+        std::thread::sleep(Duration::from_millis(1300));
+        assert_eq!(c.get("/t").status, 404, "expired on its new TTL");
+        assert_eq!(c.request("PATCH", "/t", &[("X-TTL", "60")], b"").status, 404, "no life back for the expired");
+        c.request("PUT", "/u", &[("X-TTL", "1")], b"u");
+        assert_eq!(c.request("PATCH", "/u", &[("X-TTL", "0")], b"").status, 200);
+        std::thread::sleep(Duration::from_millis(1300));
+        let r = c.get("/u");
+        assert_eq!(r.status, 200);
+        assert!(
+            !r.header("cache-control").unwrap_or("").contains("max-age"),
+            "no expiry: {:?}",
+            r.header("cache-control")
+        );
+        // Bad touches: a clear 400, and nothing changes.
+        for (headers, body, says) in [
+            (&[][..], &b""[..], "needs X-TTL"),
+            (&[("X-TTL", "soon")][..], &b""[..], "X-TTL must be"),
+            (&[("X-TTL", "5")][..], &b"a body"[..], "takes no body"),
+        ] {
+            let r = c.request("PATCH", "/u", headers, body);
+            assert_eq!(r.status, 400, "{says}");
+            assert!(String::from_utf8_lossy(&r.body).contains(says), "{}", String::from_utf8_lossy(&r.body));
+        }
+        assert_eq!(c.get("/u").body, b"u");
+        assert_eq!(c.request("PATCH", "/missing", &[("X-TTL", "5")], b"").status, 404);
+    }
+}
+
+#[test]
 fn ttls_survive_a_restart_and_max_age_and_default_ttl_apply() {
     let mut s = Server::start(&["--default-ttl", "1s"]);
     let mut c = s.client();

@@ -36,7 +36,7 @@ use std::sync::{Arc, OnceLock};
 use xml::Resource;
 
 /// The methods the key API's paths take, WebDAV's among them, for `Allow`.
-pub const ALLOWED: &str = "OPTIONS, GET, HEAD, PUT, DELETE, PROPFIND, MKCOL";
+pub const ALLOWED: &str = "OPTIONS, GET, HEAD, PUT, PATCH, DELETE, PROPFIND, MKCOL";
 
 /// The longest PROPFIND body taken (a real one is a few hundred bytes).
 pub const MAX_BODY: u64 = 64 << 10;
