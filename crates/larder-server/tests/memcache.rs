@@ -46,6 +46,44 @@ fn dalli_works_unchanged_over_the_binary_protocol() {
     assert!(said.contains("all checks passed"), "{said}");
 }
 
+/// Rails' cache (`ActiveSupport::Cache::MemCacheStore`, Dalli underneath) works unchanged:
+/// fetch with `expires_in` and `race_condition_ttl`, `read_multi`/`fetch_multi`, counters,
+/// `delete`, `exist?`, `clear`. The script is run against Debian's memcached first, so a
+/// check that memcached itself fails is the script's fault, not larder's.
+#[test]
+fn rails_mem_cache_store_works_unchanged() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/rails_cache.rb");
+    let run = |addr: String| {
+        let out = Command::new("ruby")
+            .args([script, &addr])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run ruby (scripts/install-bench-deps.sh installs ruby, ruby-dalli and ruby-activesupport)");
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success() && said.contains("all checks passed"))
+            .then_some(())
+            .ok_or(format!("against {addr}: {said}"))
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut memcached = Command::new("/usr/bin/memcached")
+        .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-m", "64", "-u", "nobody"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start /usr/bin/memcached (scripts/install-bench-deps.sh installs it)");
+    let addr = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    while TcpStream::connect(&addr).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(10), "memcached did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reference = run(addr);
+    let _ = memcached.kill();
+    let _ = memcached.wait();
+    reference.unwrap();
+    let s = server(&["--volume-size", "64MiB", "--volume-count", "8"]);
+    run(s.memcache.unwrap().to_string()).unwrap();
+}
+
 /// libmemcached reads the version as memcached's own major.minor.micro and refuses a major of 0:
 /// its health check, its stats tool and its key dump work against larder as against memcached.
 /// memcdump walks `stats cachedump` class by class; larder lists every live key once, from a
