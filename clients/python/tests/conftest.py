@@ -112,7 +112,12 @@ class AsyncAdapter:
         if name in ("memoize",):
             def deco_factory(*a: Any, **k: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
                 deco = attr(*a, **k)
-                return lambda fn: (lambda *x, **y: self.run(deco(fn)(*x, **y)))
+
+                def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+                    wrapped = deco(fn)  # once, as the decorator is: its key is taken at the first call
+                    return lambda *x, **y: self.run(wrapped(*x, **y))
+
+                return decorate
             return deco_factory
         if name == "open":
             return lambda key: _AsyncReadView(self, attr(key))

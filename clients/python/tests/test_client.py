@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List
 
 import pytest
 
 import larder
 from larder import _memo
 from conftest import Node
+
+
+GREETED: List[str] = []  # module-level: what a memoized function captures is part of its key
+
+
+class Person:
+    """Module-level, so that its instances pickle (a bound method's object keys its calls)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def greet(self) -> str:
+        GREETED.append(self.name)
+        return f"hello {self.name}"
 
 
 def test_get_set_delete_and_dict_access(node: Node, make: Callable[..., Any]) -> None:
@@ -290,3 +305,124 @@ def test_async_single_flight_survives_its_first_caller_being_cancelled(node: Nod
                 await first
 
     asyncio.run(main())
+
+
+def test_memoize_keys_tell_functions_of_one_name_apart(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url)
+    # Two lambdas of one module: both are `<lambda>`; their code tells them apart.
+    double = c.memoize(ttl=60)(lambda x: x + x)
+    square = c.memoize(ttl=60)(lambda x: x * x)
+    assert double(7) == 14 and square(7) == 49 and double(7) == 14
+
+    # Nested functions of one factory: one name, one code; the captured value tells them apart.
+    def make_adder(n: int) -> Callable[[int], int]:
+        @c.memoize(ttl=60)
+        def add(x: int) -> int:
+            return x + n
+
+        return add
+
+    assert make_adder(1)(1) == 2 and make_adder(5)(1) == 6 and make_adder(1)(1) == 2
+
+    # Bound methods of different objects: one qualified name; the object is keyed by value.
+    alice, bob = Person("alice"), Person("bob")
+    GREETED.clear()
+    assert c.memoize(ttl=60)(alice.greet)() == "hello alice"
+    assert c.memoize(ttl=60)(bob.greet)() == "hello bob"
+    assert c.memoize(ttl=60)(Person("alice").greet)() == "hello alice", "an equal object: its result"
+    assert GREETED == ["alice", "bob"]
+
+    # What cannot be keyed by value is refused, pointing at key=.
+    lock = threading.Lock()
+
+    def make_locked() -> Callable[[], int]:
+        @c.memoize()
+        def locked() -> int:
+            return 1 if lock else 0
+
+        return locked
+
+    with pytest.raises(TypeError, match="key="):
+        make_locked()()
+    holder = Person("x")
+    holder.lock = lock  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="key="):
+        c.memoize()(holder.greet)()
+
+
+def test_memoize_a_recursive_nested_function(node: Node) -> None:
+    # The function captures its own memoized wrapper (which holds the client): keyed by what
+    # the wrapper runs.
+    c = larder.Client(node.url)
+    GREETED.clear()
+
+    def make_fib() -> Callable[[int], int]:
+        @c.memoize(ttl=60)
+        def fib(n: int) -> int:
+            GREETED.append(str(n))
+            return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+        return fib
+
+    assert make_fib()(15) == 610 and len(GREETED) == 16
+    assert make_fib()(15) == 610 and len(GREETED) == 16, "another closure of the same code and captures"
+    c.close()
+
+
+def test_a_serializer_whose_dumps_answers_str(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url, serializer=json)  # the module: json.dumps answers str
+    c.set("j", {"a": [1, None]})
+    assert c.get("j") == {"a": [1, None]} and make(node.url).get("j") == b'{"a": [1, null]}'
+    assert c.get_or_set("g", lambda: {"n": 1}, ttl=60) == {"n": 1}
+    assert c.get_or_set("g", lambda: {"n": 2}, ttl=60) == {"n": 1}
+    calls: List[int] = []
+
+    @c.memoize(ttl=60)
+    def doubled(x: int) -> Dict[str, int]:
+        calls.append(x)
+        return {"x": 2 * x}
+
+    assert doubled(2) == {"x": 4} and doubled(2) == {"x": 4} and calls == [2]
+
+
+def test_batch_calls_with_a_node_down_keep_what_they_could_do(nodes: List[Node], make: Callable[..., Any]) -> None:
+    urls = [n.url for n in nodes]
+    c = make(urls, timeout=1)
+    strict = make(urls, timeout=1, miss_on_unavailable=False)
+    items = {f"b/{i}": str(i).encode() for i in range(60)}
+    assert c.set_many(items, ttl=60) == []
+    ring = larder.Ring([u.split("//")[1] for u in urls])
+    down = nodes[0]
+    lost = [k for k in items if nodes[ring.owner(larder.canonical(k))] is down]
+    kept = {k: v for k, v in items.items() if k not in lost}
+    assert lost and kept
+    down.stop()
+
+    assert c.get_many(items) == kept, "the down node's keys are misses"
+    assert c.set_many(items, ttl=60) == lost, "set_many answers the keys it could not store"
+    with pytest.raises(larder.Unavailable) as e:
+        strict.get_many(items)
+    assert e.value.partial == kept and e.value.failed == lost
+    with pytest.raises(larder.Unavailable) as e:
+        strict.set_many(items, ttl=60)
+    assert e.value.partial == kept and e.value.failed == lost
+
+
+def test_touch_gives_a_key_a_new_expiry(node: Node, make: Callable[..., Any], tmp_path: Any) -> None:
+    # Needs a larder that answers PATCH (a binary without it answers 405, a Refused).
+    c = make(node.url)
+    c.set("t", b"v", ttl=1)
+    assert c.touch("t", 60) is True
+    time.sleep(1.5)
+    assert c.get("t") == b"v"
+    assert c.touch("missing", 60) is False
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    guarded = Node(tmp_path / "guarded", "--auth-token", str(token))
+    try:
+        make(guarded.url, token="s3cret").set("t", b"v")
+        with pytest.raises(larder.Refused) as e:
+            make(guarded.url).touch("t", 60)
+        assert e.value.status == 401
+    finally:
+        guarded.stop()

@@ -1,5 +1,5 @@
 """larder's Python client: ``Client`` (sync) and ``AsyncClient`` (asyncio) with the same API:
-``get``/``set``/``delete``, dict-style access, ``get_or_set``, ``memoize``,
+``get``/``set``/``delete``/``touch``, dict-style access, ``get_or_set``, ``memoize``,
 ``get_many``/``set_many``, streaming with ``open`` and file objects, and cluster routing that
 agrees with nginx's consistent hash."""
 

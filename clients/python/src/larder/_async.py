@@ -7,16 +7,18 @@ import asyncio
 import functools
 import inspect
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar, Union
 
 import aiohttp
 import yarl
 
 from . import _memo
 from ._errors import NotFound, Refused, Unavailable
+from ._awire import AWire
 from ._keys import Key, Routing, canonical
-from ._serial import Serializer, for_memoize, resolve
-from ._sync import _remaining, _ttl
+from ._serial import Codec, Serializer, for_memoize, resolve
+from ._sync import _Failed, _remaining, _settle, _ttl
+from ._wire import Response
 
 T = TypeVar("T")
 _MISSING = object()
@@ -39,6 +41,8 @@ class AsyncClient(Routing):
         super().__init__(url_or_urls)
         self._serializer = resolve(serializer)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._head = "".join(f"{k}: {v}\r\n" for k, v in self._headers.items()).encode("latin-1")
+        self._awire = AWire(timeout, pool_size)
         # sock_connect, not connect: waiting for a free pooled connection is not a timeout.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
         self._pool_size = pool_size
@@ -53,8 +57,27 @@ class AsyncClient(Routing):
         return self._session
 
     async def _request(
-        self, method: str, key: Key, *, data: Any = None, headers: Optional[Dict[str, str]] = None
-    ) -> aiohttp.ClientResponse:
+        self,
+        method: str,
+        key: Key,
+        *,
+        data: Any = None,
+        headers: Optional[Dict[str, str]] = None,
+        stream: bool = False,
+    ) -> Any:
+        """A request: on the client's own transport when its body is in memory and its answer
+        is read whole (``_awire``), else on aiohttp. The answer has aiohttp's ``status``,
+        ``url``, ``read``, ``text`` and ``release``."""
+        if not stream and (data is None or isinstance(data, bytes)):
+            node, path = self.route(key)
+            head = self._head
+            if headers:
+                head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
+            answer = await self._awire.request(node, method.encode("ascii"), b"/" + path.encode("ascii"), head, data or b"")
+            whole = _Whole(answer)
+            if whole.status == 503:
+                raise Unavailable(f"{method} {whole.url}: 503 {(await whole.text()).strip()}")
+            return whole
         h = dict(self._headers)
         if headers:
             h.update(headers)
@@ -72,9 +95,10 @@ class AsyncClient(Routing):
             raise Unavailable(f"{method} {url}: 503 {msg}")
         return r
 
-    async def _body(self, r: aiohttp.ClientResponse) -> bytes:
+    async def _body(self, r: Any) -> bytes:
         try:
-            return await r.read()
+            data: bytes = await r.read()
+            return data
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             raise Unavailable(f"the answer broke off: {e!r}") from e
 
@@ -110,9 +134,13 @@ class AsyncClient(Routing):
         return AsyncReader(self, key)
 
     async def get_many(self, keys: Iterable[Key]) -> Dict[Key, Any]:
+        """As ``Client.get_many``: a key whose node cannot answer is a miss, or (with
+        ``miss_on_unavailable=False``) ``Unavailable`` with ``partial`` and ``failed``."""
         keys = list(keys)
-        values = await asyncio.gather(*(self.get(k, _MISSING) for k in keys))
-        return {k: v for k, v in zip(keys, values) if v is not _MISSING}
+        values = await asyncio.gather(*(_atry(self.get(k, _MISSING)) for k in keys))
+        got = {k: v for k, v in zip(keys, values) if v is not _MISSING and not isinstance(v, _Failed)}
+        _settle("get_many", keys, values, got, not self.miss_on_unavailable)
+        return got
 
     async def set(self, key: Key, value: Any, *, ttl: Optional[float] = None, content_type: Optional[str] = None) -> None:
         headers = _ttl(ttl)
@@ -143,12 +171,28 @@ class AsyncClient(Routing):
         finally:
             r.release()
 
+    async def touch(self, key: Key, ttl: float) -> bool:
+        """As ``Client.touch``: a new expiry for ``key``; whether it had a value."""
+        r = await self._request("PATCH", key, data=b"", headers=_ttl(ttl))
+        try:
+            if r.status == 404:
+                return False
+            await _check(r, "PATCH")
+            return True
+        finally:
+            r.release()
+
     async def delitem(self, key: Key) -> None:
         if not await self.delete(key):
             raise NotFound(key)
 
-    async def set_many(self, mapping: Mapping[Key, Any], ttl: Optional[float] = None) -> None:
-        await asyncio.gather(*(self.set(k, v, ttl=ttl) for k, v in mapping.items()))
+    async def set_many(self, mapping: Mapping[Key, Any], ttl: Optional[float] = None) -> List[Key]:
+        """As ``Client.set_many``: the keys not stored because their node could not answer, or
+        (with ``miss_on_unavailable=False``) ``Unavailable`` with ``partial`` and ``failed``."""
+        items = list(mapping.items())
+        outcomes = await asyncio.gather(*(_atry(self.set(k, v, ttl=ttl)) for k, v in items))
+        stored = {k: v for (k, v), o in zip(items, outcomes) if not isinstance(o, _Failed)}
+        return _settle("set_many", [k for k, _ in items], outcomes, stored, not self.miss_on_unavailable)
 
     async def get_or_set(
         self, key: Key, compute: Callable[[], Union[T, Awaitable[T]]], *, ttl: Optional[float] = None
@@ -172,9 +216,11 @@ class AsyncClient(Routing):
         serializer = for_memoize(self._serializer)
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+            call_key = _memo.CallKey(fn)
+
             @functools.wraps(fn)
             async def wrapper(*args: Any, **kwargs: Any) -> Any:
-                k = key(*args, **kwargs) if key else _memo.call_key(fn, args, kwargs)
+                k = key(*args, **kwargs) if key else call_key(args, kwargs)
                 stored = await self._get_or_miss(k, None)
                 if stored is not _MISSING:
                     env = _memo.unwrap(stored)
@@ -190,11 +236,12 @@ class AsyncClient(Routing):
 
                 return await self._single_flight(canonical(k), run)
 
+            _memo.WRAPPERS.add(wrapper)
             return wrapper
 
         return decorate
 
-    async def _get_or_miss(self, key: Key, serializer: Optional[Serializer]) -> Any:
+    async def _get_or_miss(self, key: Key, serializer: Optional[Codec]) -> Any:
         try:
             r = await self._request("GET", key)
             if r.status == 404:
@@ -236,6 +283,7 @@ class AsyncClient(Routing):
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+        await self._awire.close()
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -254,7 +302,7 @@ class AsyncReader:
         self.content_type: Optional[str] = None
 
     async def __aenter__(self) -> "AsyncReader":
-        r = await self._client._request("GET", self._key)
+        r = await self._client._request("GET", self._key, stream=True)
         if r.status == 404:
             r.release()
             raise NotFound(self._key)
@@ -286,7 +334,33 @@ class AsyncReader:
             self._r.release()
 
 
-async def _check(r: aiohttp.ClientResponse, method: str = "GET") -> None:
+class _Whole:
+    """An answer read whole by ``_awire``, as the rest of the client reads aiohttp's."""
+
+    __slots__ = ("_r",)
+
+    def __init__(self, r: Response) -> None:
+        self._r = r
+
+    @property
+    def status(self) -> int:
+        return self._r.status
+
+    @property
+    def url(self) -> str:
+        return self._r.geturl()
+
+    async def read(self) -> bytes:
+        return self._r.data
+
+    async def text(self, errors: str = "replace") -> str:
+        return self._r.data.decode("utf-8", errors)
+
+    def release(self) -> None:
+        pass
+
+
+async def _check(r: Any, method: str = "GET") -> None:
     if r.status < 300:
         return
     msg = "" if method == "HEAD" else (await r.text(errors="replace")).strip()
@@ -295,6 +369,13 @@ async def _check(r: aiohttp.ClientResponse, method: str = "GET") -> None:
     if r.status >= 500:
         raise Unavailable(f"{r.status} {msg}")
     raise Refused(r.status, msg)
+
+
+async def _atry(aw: Awaitable[T]) -> Union[T, _Failed]:
+    try:
+        return await aw
+    except Unavailable as e:
+        return _Failed(e)
 
 
 async def _call(f: Callable[[], Any]) -> Any:

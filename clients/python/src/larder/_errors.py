@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Dict, List, Optional
+
 
 class LarderError(Exception):
     """Base of the client's exceptions."""
@@ -14,7 +16,19 @@ class NotFound(LarderError, KeyError):
 class Unavailable(LarderError):
     """The node cannot answer now: connection refused or reset, a timeout, or a 503 (the node
     is recovering or stopping, or nginx says the key's node is down). Worth retrying later;
-    ``get_or_set`` and ``memoize`` treat it as a miss by default."""
+    ``get_or_set``, ``memoize``, ``get_many`` and ``set_many`` treat it as a miss by default.
+
+    Raised by ``get_many`` or ``set_many`` (with ``miss_on_unavailable=False``), it carries what
+    the call did do: ``partial``, the values read (``get_many``) or the items stored
+    (``set_many``), and ``failed``, the keys whose node could not answer. Both are empty
+    otherwise."""
+
+    def __init__(
+        self, message: str = "", *, partial: Optional[Dict[Any, Any]] = None, failed: Optional[List[Any]] = None
+    ) -> None:
+        super().__init__(message)
+        self.partial: Dict[Any, Any] = partial if partial is not None else {}
+        self.failed: List[Any] = failed if failed is not None else []
 
 
 class Refused(LarderError):

@@ -21,10 +21,17 @@ Key = Union[str, bytes]
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~/")
 
 
+# A key of these characters only is its own path: checked in C, it skips the byte loop below
+# (most keys are such; this is on every request's path).
+_PLAIN = re.compile(r"[A-Za-z0-9._~/-]{1,1024}")
+
+
 def canonical(key: Key) -> str:
     """The request path of ``key`` (without the leading ``/``). A key that HTTP libraries
     would rewrite (a ``.`` or ``..`` segment: ``a/../b`` is sent as ``b``), or that names
     larder's admin namespace (``_larder/``), is a ``ValueError``: it could never be itself."""
+    if isinstance(key, str) and _PLAIN.fullmatch(key) and "/." not in "/" + key and not key.startswith("_larder/"):
+        return key
     raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
     if not 1 <= len(raw) <= 1024:
         raise ValueError(f"a key is 1 to 1024 bytes, not {len(raw)}")
@@ -92,9 +99,13 @@ class Routing:
 
     def url(self, key: Key) -> str:
         """The URL of ``key`` on the node that owns it."""
-        path = canonical(key)
-        node = self._nodes[self._ring.owner(path)] if self._ring else self._nodes[0]
+        node, path = self.route(key)
         return f"{node}/{path}"
+
+    def route(self, key: Key) -> Tuple[str, str]:
+        """The node (base URL) that owns ``key``, and the key's canonical path on it."""
+        path = canonical(key)
+        return (self._nodes[self._ring.owner(path)] if self._ring else self._nodes[0]), path
 
 
 def server_string(url: str) -> str:

@@ -1,5 +1,6 @@
 """Serializers: how values become bytes. Bytes by default; ``pickle`` and ``json`` built in;
-any object with ``dumps`` and ``loads`` works."""
+any object with ``dumps`` and ``loads`` works (the ``json`` module too: a ``dumps`` answering
+``str`` is sent as UTF-8; ``loads`` is always given bytes)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,18 @@ from typing import Any, Protocol, Union
 
 
 class Serializer(Protocol):
-    def dumps(self, value: Any) -> bytes: ...
+    # Positional-only, so that modules such as json and pickle match whatever they name them.
+    def dumps(self, value: Any, /) -> Union[bytes, str]: ...
 
-    def loads(self, data: bytes) -> Any: ...
+    def loads(self, data: bytes, /) -> Any: ...
+
+
+class Codec(Protocol):
+    """What the clients use: a serializer whose ``dumps`` is always bytes."""
+
+    def dumps(self, value: Any, /) -> bytes: ...
+
+    def loads(self, data: bytes, /) -> Any: ...
 
 
 class _Pickle:
@@ -44,7 +54,28 @@ class _Bytes:
         return data
 
 
-def resolve(s: Union[None, str, Serializer]) -> Serializer:
+class _Given:
+    """A serializer the caller gave: its ``dumps`` may answer ``str`` (``json``, ``ujson``),
+    which is encoded as UTF-8, or any bytes-like object."""
+
+    def __init__(self, s: Serializer) -> None:
+        self._s = s
+
+    def dumps(self, value: Any) -> bytes:
+        data = self._s.dumps(value)
+        if isinstance(data, bytes):
+            return data
+        if isinstance(data, str):
+            return data.encode("utf-8")
+        if isinstance(data, (bytearray, memoryview)):
+            return bytes(data)
+        raise TypeError(f"a serializer's dumps answers bytes or str, not {type(data).__name__}")
+
+    def loads(self, data: bytes) -> Any:
+        return self._s.loads(data)
+
+
+def resolve(s: Union[None, str, Serializer]) -> Codec:
     if s is None:
         return _Bytes()
     if s == "pickle":
@@ -54,11 +85,13 @@ def resolve(s: Union[None, str, Serializer]) -> Serializer:
     if isinstance(s, str):
         raise ValueError(f"unknown serializer {s!r}: 'pickle', 'json' or an object with dumps/loads")
     if not (callable(getattr(s, "dumps", None)) and callable(getattr(s, "loads", None))):
-        raise TypeError("a serializer has dumps(value) -> bytes and loads(bytes) -> value")
-    return s
+        raise TypeError("a serializer has dumps(value) -> bytes or str and loads(bytes) -> value")
+    if isinstance(s, (_Pickle, _Json, _Bytes)):
+        return s
+    return _Given(s)
 
 
-def for_memoize(s: Serializer) -> Serializer:
+def for_memoize(s: Codec) -> Codec:
     """What memoize stores results with: the client's serializer, or pickle for a bytes client
     (a function's result is rarely bytes)."""
     return _Pickle() if isinstance(s, _Bytes) else s

@@ -10,14 +10,15 @@ import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar, Union
 
 import urllib3
 
 from . import _memo
 from ._errors import NotFound, Refused, Unavailable
 from ._keys import Key, Routing, canonical
-from ._serial import Serializer, for_memoize, resolve
+from ._wire import Wire
+from ._serial import Codec, Serializer, for_memoize, resolve
 
 T = TypeVar("T")
 _MISSING = object()
@@ -30,8 +31,9 @@ class Client(Routing):
     ``timeout`` bounds connecting and each read, in seconds. ``token`` is sent as
     ``Authorization: Bearer``. ``serializer``: ``None`` (bytes), ``"pickle"``, ``"json"``, or
     any object with ``dumps``/``loads``. ``miss_on_unavailable``: whether ``get_or_set`` and
-    ``memoize`` treat a node that cannot answer as a miss (compute, try to store, return) rather
-    than raise ``Unavailable``: a cache outage must not become an application outage.
+    ``memoize`` treat a node that cannot answer as a miss (compute, try to store, return), and
+    ``get_many``/``set_many`` its keys as misses / keys not stored, rather than raise
+    ``Unavailable``: a cache outage must not become an application outage.
     """
 
     def __init__(
@@ -47,6 +49,8 @@ class Client(Routing):
         super().__init__(url_or_urls)
         self._serializer = resolve(serializer)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._head = "".join(f"{k}: {v}\r\n" for k, v in self._headers.items()).encode("latin-1")
+        self._wire = Wire(timeout, pool_size)
         self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
         self._pool = urllib3.PoolManager(num_pools=max(4, len(self._nodes)), maxsize=pool_size, block=False)
         self.miss_on_unavailable = miss_on_unavailable
@@ -66,7 +70,26 @@ class Client(Routing):
         headers: Optional[Dict[str, str]] = None,
         stream: bool = False,
         chunked: bool = False,
+    ) -> Any:
+        """A request: on the client's own transport when its body is in memory and its answer
+        is read whole, else on urllib3 (``_stream``). An answer has ``status`` and ``data``."""
+        if not stream and not chunked and (body is None or isinstance(body, bytes)):
+            node, path = self.route(key)
+            head = self._head
+            if headers:
+                head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
+            r: Any = self._wire.request(node, method.encode("ascii"), b"/" + path.encode("ascii"), head, body or b"")
+        else:
+            r = self._stream(method, key, body, headers, stream, chunked)
+        if r.status == 503:
+            msg = _message(r)
+            raise Unavailable(f"{method} {self.url(key)}: 503 {msg}")
+        return r
+
+    def _stream(
+        self, method: str, key: Key, body: Any, headers: Optional[Dict[str, str]], stream: bool, chunked: bool
     ) -> urllib3.BaseHTTPResponse:
+        """A request whose body or answer streams: on urllib3."""
         h = dict(self._headers)
         if headers:
             h.update(headers)
@@ -84,9 +107,6 @@ class Client(Routing):
             )
         except urllib3.exceptions.HTTPError as e:
             raise Unavailable(f"{method} {self.url(key)}: {e}") from e
-        if r.status == 503:
-            msg = _message(r)
-            raise Unavailable(f"{method} {self.url(key)}: 503 {msg}")
         return r
 
     # -- reading ----------------------------------------------------------------------------
@@ -129,10 +149,15 @@ class Client(Routing):
         return Reader(r)
 
     def get_many(self, keys: Iterable[Key]) -> Dict[Key, Any]:
-        """The values of ``keys`` that have one, fetched concurrently over pooled connections."""
+        """The values of ``keys`` that have one, fetched concurrently over pooled connections.
+        A key whose node cannot answer is a miss (absent, as a key without a value), so one
+        node down costs its keys only; with ``miss_on_unavailable=False`` the call raises
+        ``Unavailable`` with ``partial`` (the values read) and ``failed`` (those keys)."""
         keys = list(keys)
-        values = self._map(lambda k: self.get(k, _MISSING), keys)
-        return {k: v for k, v in zip(keys, values) if v is not _MISSING}
+        values = self._map(lambda k: _try(lambda: self.get(k, _MISSING)), keys)
+        got = {k: v for k, v in zip(keys, values) if v is not _MISSING and not isinstance(v, _Failed)}
+        _settle("get_many", keys, values, got, not self.miss_on_unavailable)
+        return got
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -167,14 +192,28 @@ class Client(Routing):
         _check(r, "DELETE")
         return True
 
+    def touch(self, key: Key, ttl: float) -> bool:
+        """Makes ``key`` expire ``ttl`` seconds from now (whole seconds, rounded up; 0 = never)
+        without sending its value again (the value and its ETag stay); whether it had one."""
+        r = self._request("PATCH", key, body=b"", headers=_ttl(ttl))
+        if r.status == 404:
+            return False
+        _check(r, "PATCH")
+        return True
+
     def __delitem__(self, key: Key) -> None:
         if not self.delete(key):
             raise NotFound(key)
 
-    def set_many(self, mapping: Mapping[Key, Any], ttl: Optional[float] = None) -> None:
-        """Stores every item concurrently over pooled connections."""
+    def set_many(self, mapping: Mapping[Key, Any], ttl: Optional[float] = None) -> List[Key]:
+        """Stores every item concurrently over pooled connections. Answers the keys that were
+        not stored because their node could not answer, in ``mapping``'s order (empty when
+        all were stored); with ``miss_on_unavailable=False`` the call raises ``Unavailable``
+        with ``partial`` (the items stored) and ``failed`` (those keys) instead."""
         items = list(mapping.items())
-        self._map(lambda kv: self.set(kv[0], kv[1], ttl=ttl), items)
+        outcomes = self._map(lambda kv: _try(lambda: self.set(kv[0], kv[1], ttl=ttl)), items)
+        stored = {k: v for (k, v), o in zip(items, outcomes) if not isinstance(o, _Failed)}
+        return _settle("set_many", [k for k, _ in items], outcomes, stored, not self.miss_on_unavailable)
 
     # -- computing --------------------------------------------------------------------------
 
@@ -191,13 +230,16 @@ class Client(Routing):
     ) -> Callable[[Callable[..., T]], Callable[..., T]]:
         """A decorator caching a function's results in larder, with stampede protection (see
         ``_memo``). ``key(*args, **kwargs)`` names a call's key; by default the function's name
-        and a hash of its arguments."""
+        and a hash of its arguments, and of what else tells it apart (``_memo.CallKey``: a bound
+        method's object; a lambda's or nested function's code, defaults and captured values)."""
         serializer = for_memoize(self._serializer)
 
         def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+            call_key = _memo.CallKey(fn)
+
             @functools.wraps(fn)
             def wrapper(*args: Any, **kwargs: Any) -> T:
-                k = key(*args, **kwargs) if key else _memo.call_key(fn, args, kwargs)
+                k = key(*args, **kwargs) if key else call_key(args, kwargs)
                 stored = self._get_or_miss(k, None)
                 if stored is not _MISSING:
                     env = _memo.unwrap(stored)
@@ -213,11 +255,12 @@ class Client(Routing):
 
                 return self._single_flight(canonical(k), run)
 
+            _memo.WRAPPERS.add(wrapper)
             return wrapper
 
         return decorate
 
-    def _get_or_miss(self, key: Key, serializer: Optional[Serializer]) -> Any:
+    def _get_or_miss(self, key: Key, serializer: Optional[Codec]) -> Any:
         try:
             r = self._request("GET", key)
             if r.status == 404:
@@ -275,6 +318,7 @@ class Client(Routing):
         if self._executor:
             self._executor.shutdown(wait=False)
         self._pool.clear()
+        self._wire.clear()
 
     def __enter__(self) -> "Client":
         return self
@@ -335,6 +379,34 @@ class Reader(io.RawIOBase):
                 self._r.close()
             self._r.release_conn()
         super().close()
+
+
+class _Failed:
+    """A batch call's key whose node could not answer (never a value: any value may be stored)."""
+
+    def __init__(self, error: Unavailable) -> None:
+        self.error = error
+
+
+def _try(f: Callable[[], T]) -> Union[T, _Failed]:
+    try:
+        return f()
+    except Unavailable as e:
+        return _Failed(e)
+
+
+def _settle(what: str, keys: List[Key], outcomes: Sequence[Any], done: Dict[Key, Any], strict: bool) -> List[Key]:
+    """The keys of a batch call whose node could not answer; ``Unavailable`` carrying what was
+    done instead when ``strict``."""
+    errors = [o.error for o in outcomes if isinstance(o, _Failed)]
+    failed = [k for k, o in zip(keys, outcomes) if isinstance(o, _Failed)]
+    if errors and strict:
+        raise Unavailable(
+            f"{what}: {len(failed)} of {len(keys)} keys on nodes that cannot answer ({errors[0]})",
+            partial=done,
+            failed=failed,
+        ) from errors[0]
+    return failed
 
 
 def _message(r: urllib3.BaseHTTPResponse) -> str:
