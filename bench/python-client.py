@@ -4,7 +4,10 @@ client"):
 
 - larder's `Client` (one thread) and `AsyncClient` (64 tasks) over HTTP;
 - pymemcache against Debian's memcached, and against larder's memcached protocol;
-- python-diskcache, a local library (no server, no network).
+- python-diskcache, a local library (no server, no network);
+- Django's cache API (`cache.set`, `cache.get`, 1 KiB) through larder's `LarderCache`, Django's
+  `PyMemcacheCache` against larder's memcached port and against memcached, and diskcache's
+  `DjangoCache`.
 
 For 1 KiB and 64 KiB values: sets, then gets of the keys set, each timed; ops/s, p50 and p99
 per operation. Servers on core 1 (`taskset`), this process on core 0.
@@ -77,6 +80,31 @@ async def timed_async(n: int, tasks: int, f: Callable[[int], Any]) -> tuple[List
     return lat, time.perf_counter() - start
 
 
+def django_rows(n: int, value: bytes, http: int, mc_larder: int, mc: int, tmp: str) -> List[Dict[str, Any]]:
+    import django
+    from django.conf import settings
+
+    backends = {
+        "Django: larder.django.LarderCache": {"BACKEND": "larder.django.LarderCache", "LOCATION": f"http://127.0.0.1:{http}"},
+        "Django: PyMemcacheCache → larder": {
+            "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache", "LOCATION": f"127.0.0.1:{mc_larder}"},
+        "Django: PyMemcacheCache → memcached 1.6": {
+            "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache", "LOCATION": f"127.0.0.1:{mc}"},
+        "Django: diskcache.DjangoCache (local)": {"BACKEND": "diskcache.DjangoCache", "LOCATION": f"{tmp}/django-diskcache"},
+    }
+    if not settings.configured:
+        settings.configure(CACHES={**{name: cfg for name, cfg in backends.items()}, "default": backends[next(iter(backends))]})
+        django.setup()
+    from django.core.cache import caches
+
+    rows = []
+    for name in backends:
+        cache = caches[name]
+        for op, f in (("set", lambda i: cache.set(f"dj{i}", value, 600)), ("get", lambda i: cache.get(f"dj{i}"))):
+            rows.append(stats(name + " (1 thread)", len(value), op, *timed_sync(n, f)))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", type=int, default=20000)
@@ -119,6 +147,10 @@ def main() -> None:
             for op, f in (("set", lambda i: d.set(f"d{size}/{i}", value)), ("get", lambda i: d.get(f"d{size}/{i}"))):
                 rows.append(stats("python-diskcache (local, 1 thread)", size, op, *timed_sync(n, f)))
             d.close()
+            # Django's cache API (1 KiB only) through each backend: the same calls an
+            # application makes, with Django's key making and pickling on top.
+            if size <= 1024:
+                rows.extend(django_rows(n, value, http, mc_larder, mc, tmp))
     finally:
         for p in procs:
             p.terminate()

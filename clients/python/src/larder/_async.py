@@ -1,4 +1,4 @@
-"""``larder.AsyncClient``: the asyncio client, on aiohttp's pooled keep-alive connections.
+"""``larder.AsyncClient``: the asyncio client, on its own HTTP/1.1 over pooled streams (``_awire``) and aiohttp for streams.
 The same API as ``Client``, with ``await``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``larder.Client``: the synchronous client, on urllib3's pooled keep-alive connections."""
+"""``larder.Client``: the synchronous client, on its own HTTP/1.1 over pooled sockets (``_wire``) and urllib3 for streams."""
 
 from __future__ import annotations
 
