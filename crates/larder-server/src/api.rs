@@ -158,7 +158,9 @@ fn too_large(limit: u64) -> Resp {
 
 /// What a PUT asks for besides its body, read from its headers before the body.
 struct PutHeaders {
-    ttl: Option<std::time::Duration>,
+    expiry: Expiry,
+    /// `X-TTL: keep`: the value keeps the expiry of the one it replaces.
+    keep: bool,
     content_type: Option<Bytes>,
     preconditions: Vec<Precondition>,
 }
@@ -166,7 +168,12 @@ struct PutHeaders {
 impl PutHeaders {
     /// The headers, or the one-line message of a 400.
     fn parse(h: &HeaderMap, settings: &Settings) -> Result<PutHeaders, String> {
-        let ttl = headers::ttl(h, settings.default_ttl)?;
+        let keep = h.get(&headers::X_TTL).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"keep"));
+        let ttl = match keep {
+            true => (!settings.default_ttl.is_zero()).then_some(settings.default_ttl),
+            false => headers::ttl(h, settings.default_ttl)?,
+        };
+        let expiry = ttl.map_or(Expiry::Never, Expiry::After);
         let content_type = match h.get(CONTENT_TYPE) {
             Some(t) if t.len() > MAX_CONTENT_TYPE => {
                 return Err(format!("Content-Type longer than {} bytes\n", MAX_CONTENT_TYPE));
@@ -177,12 +184,12 @@ impl PutHeaders {
             }
             _ => None,
         };
-        Ok(PutHeaders { ttl, content_type, preconditions: headers::write_preconditions(h) })
+        Ok(PutHeaders { expiry, keep, content_type, preconditions: headers::write_preconditions(h) })
     }
 
     fn options(&self) -> PutOptions<'_> {
         PutOptions {
-            expiry: self.ttl.map_or(Expiry::Never, Expiry::After),
+            expiry: self.expiry,
             flags: 0,
             stale: false,
             content_type: self.content_type.as_deref(),
@@ -196,21 +203,25 @@ impl PutHeaders {
 /// PUT: its headers and preconditions checked, then room in the body budget, then the body,
 /// then the write.
 pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Option<Held>) -> Resp {
-    let extra = match PutHeaders::parse(req.headers(), &app.settings) {
+    let mut extra = match PutHeaders::parse(req.headers(), &app.settings) {
         Ok(p) => p,
         Err(m) => return text_owned(StatusCode::BAD_REQUEST, m),
     };
     // A write that is bound to fail its precondition is refused before its body is read
     // (with `Expect: 100-continue` the client does not even send it). The engine checks
-    // again, atomically with the write.
-    if !extra.preconditions.is_empty() {
+    // again, atomically with the write. `X-TTL: keep` reads the expiry it keeps here too: with
+    // `If-Match` (a read-modify-write) it is exactly that of the value replaced.
+    if !extra.preconditions.is_empty() || extra.keep {
         let store = app.store.get().expect("store is ready before writes are routed");
         let current = match read(app, store, &key, Part::Nothing).await {
-            Ok(v) => v.map(|v| v.version()),
+            Ok(v) => v,
             Err(e) => return engine_error(&e, Op::Read),
         };
-        if let Some(why) = larder_engine::unmet(&extra.preconditions, current) {
+        if let Some(why) = larder_engine::unmet(&extra.preconditions, current.as_ref().map(|v| v.version())) {
             return text_owned(StatusCode::PRECONDITION_FAILED, format!("precondition failed: {why}\n"));
+        }
+        if let Some(v) = current.filter(|_| extra.keep) {
+            extra.expiry = if v.expiry_ms == 0 { Expiry::Never } else { Expiry::At(v.expiry_ms) };
         }
     }
     // The store's own limit: it lowers a setting above a quarter of its ring.

@@ -255,7 +255,7 @@ fn seconds(s: &str) -> Option<u64> {
 /// replaces the old one and is already expired), else `default_ttl` (zero = none).
 pub fn ttl(headers: &HeaderMap, default_ttl: Duration) -> Result<Option<Duration>, String> {
     if let Some(v) = headers.get(&X_TTL) {
-        let bad = || format!("X-TTL must be a whole number of seconds from 0 to {MAX_TTL_SECS}\n");
+        let bad = || format!("X-TTL must be a whole number of seconds from 0 to {MAX_TTL_SECS} (or keep, on a PUT)\n");
         let secs = seconds(v.to_str().map_err(|_| bad())?).ok_or_else(bad)?;
         return Ok((secs > 0).then(|| Duration::from_secs(secs)));
     }

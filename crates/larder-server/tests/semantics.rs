@@ -98,6 +98,32 @@ fn a_patch_touches_the_ttl_and_keeps_the_value_and_its_version_in_both_tiers() {
 }
 
 #[test]
+fn a_put_with_x_ttl_keep_keeps_the_expiry_of_the_value_it_replaces() {
+    let s = Server::start(&[]);
+    let mut c = s.client();
+    let first = Instant::now();
+    let etag = c.request("PUT", "/n", &[("X-TTL", "3")], b"1").header("etag").unwrap().to_string();
+    std::thread::sleep(Duration::from_millis(1100));
+    // A read-modify-write (an increment, say) that must not push the expiry back.
+    let r = c.request("PUT", "/n", &[("X-TTL", "keep"), ("If-Match", &etag)], b"2");
+    assert_eq!(r.status, 200);
+    let r = c.get("/n");
+    assert_eq!(&r.body[..], b"2");
+    assert!(max_age(&r) <= 2, "the first value's expiry, not a new one");
+    assert_eq!(c.request("PUT", "/n", &[("X-TTL", "keep"), ("If-Match", &etag)], b"3").status, 412);
+    while first.elapsed() < Duration::from_millis(3100) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(c.get("/n").status, 404, "gone when the first value would have gone");
+    // Nothing to keep: the server's default (here none).
+    assert_eq!(c.request("PUT", "/fresh", &[("X-TTL", "keep")], b"f").status, 200);
+    assert!(!c.get("/fresh").header("cache-control").unwrap_or("").contains("max-age"));
+    let r = c.request("PUT", "/fresh", &[("X-TTL", "kept")], b"x");
+    assert_eq!(r.status, 400);
+    assert_eq!(c.get("/fresh").body, b"f");
+}
+
+#[test]
 fn ttls_survive_a_restart_and_max_age_and_default_ttl_apply() {
     let mut s = Server::start(&["--default-ttl", "1s"]);
     let mut c = s.client();

@@ -19,9 +19,9 @@ Every ``BaseCache`` method works as in Django's own backends. How each maps onto
 - ``add``: ``PUT`` with ``If-None-Match: *`` (``412``: the key has a value, ``False``); with a
   timeout of 0, ``Cache-Control: max-age=0`` stores a value that is already expired, so
   ``add`` still answers whether the key was absent, as Django's other backends do.
-- ``incr``/``decr``: ``GET`` (value, ``ETag``, time left), then ``PUT`` with ``If-Match`` of
-  that ETag, retried on ``412``: no increment is lost to a concurrent one. See ``incr`` for
-  what happens to the expiry.
+- ``incr``/``decr``: ``GET`` (value and ``ETag``), then ``PUT`` with ``If-Match`` of that
+  ETag and ``X-TTL: keep``, retried on ``412``: no increment is lost to a concurrent one, and
+  the value keeps its expiry to the millisecond.
 - ``touch``: ``PATCH /<key>`` with ``X-TTL``; a timeout of 0 deletes the key.
 - ``get_many``/``set_many``: the client's concurrent batch calls; ``delete_many``: a
   ``DELETE`` per key.
@@ -91,7 +91,6 @@ MAX_TTL = 100 * 365 * 24 * 3600
 # Compare-and-swap rounds of an incr before it gives up (each lost round is another writer's
 # won one, so the cache as a whole always progresses).
 _CAS_ATTEMPTS = 64
-_MAX_AGE = re.compile(r"max-age\s*=\s*(\d+)", re.I)
 _MISSING = object()
 
 
@@ -243,14 +242,8 @@ class LarderCache(BaseCache):
     def incr(self, key: Any, delta: int = 1, version: Optional[int] = None) -> Any:
         """Adds ``delta`` by compare-and-swap: read the value and its ETag, ``PUT`` the sum with
         ``If-Match``, again on ``412`` (another writer came first). ``ValueError`` when the key
-        has no value, as Django requires.
-
-        The value keeps its expiry only to the second: larder's HTTP API takes TTLs in whole
-        seconds counted from the write, and a GET tells the time left in whole seconds
-        (``Cache-Control: max-age``, rounded down), so the sum is stored for that + 1 second
-        (never less time than was left, at most one second more per increment: a counter
-        increased more often than once a second keeps living while it is). A value without
-        expiry stays without one."""
+        has no value, as Django requires. ``X-TTL: keep`` keeps the expiry of the value replaced
+        (the one the ETag names), as memcached's ``incr`` does: a fixed window stays fixed."""
         k = self.make_and_validate_key(key, version=version)
         url = self._conn.client.url(k)
         for attempt in range(_CAS_ATTEMPTS):
@@ -262,7 +255,7 @@ class LarderCache(BaseCache):
             if not etag:
                 raise Unavailable(f"GET {url}: no ETag to compare-and-swap with")
             value = self._codec.loads(r.data) + delta
-            headers = {"If-Match": etag, "X-TTL": str(_time_left(r))}
+            headers = {"If-Match": etag, "X-TTL": "keep"}
             w = self._conn.request("PUT", url, body=self._codec.dumps(value), headers=headers)
             if w.status != 412:
                 _check(w)
@@ -362,14 +355,6 @@ def _check(r: urllib3.BaseHTTPResponse) -> None:
     if r.status >= 500:
         raise Unavailable(f"{r.status} {message}")
     raise Refused(r.status, message)
-
-
-def _time_left(r: urllib3.BaseHTTPResponse) -> int:
-    """The ``X-TTL`` that keeps a value's expiry (to the second, never earlier) from the
-    ``Cache-Control`` of its GET: ``max-age=<whole seconds left, rounded down>`` + 1, or 0 (no
-    expiry) for a value without one (``no-cache``)."""
-    m = _MAX_AGE.search(r.headers.get("Cache-Control", ""))
-    return min(MAX_TTL, int(m.group(1)) + 1) if m else 0
 
 
 class _Codec:
