@@ -426,3 +426,60 @@ def test_touch_gives_a_key_a_new_expiry(node: Node, make: Callable[..., Any], tm
         assert e.value.status == 401
     finally:
         guarded.stop()
+
+
+# -- the client's own HTTP/1.1 ------------------------------------------------------------------
+
+
+def test_pooled_connections_the_server_closed_are_replaced(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url)
+    for i in range(4):
+        c.set(f"pool/{i}", b"before")
+    node.stop()
+    node.start()  # every pooled connection is now closed at the server's end
+    for i in range(4):
+        assert c.get(f"pool/{i}") == b"before", "sent again on a new connection"
+    c.set("pool/after", b"after")
+    assert c.get("pool/after") == b"after"
+
+
+def test_a_header_that_would_end_its_line_is_refused(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url)
+    with pytest.raises(ValueError):
+        c.set("smuggle", b"v", content_type="text/plain\r\nX-TTL: 1\r\n\r\nGET /other HTTP/1.1")
+    assert c.get("smuggle") is None
+    c.set("after", b"in step")
+    assert c.get("after") == b"in step", "the pooled connection is in step"
+
+
+def test_a_refusal_before_the_body_is_read_is_refused_not_unavailable(tmp_path: Any, make: Callable[..., Any]) -> None:
+    n = Node(tmp_path / "small", "--max-value-size", "64KiB")
+    try:
+        c = make(n.url)
+        c.set("big", b"old")
+        for _ in range(3):  # on a new connection, and on pooled ones
+            with pytest.raises(larder.Refused) as e:
+                c.set("big", bytes(8 << 20))
+            assert e.value.status == 413
+        assert c.get("big") == b"old"
+    finally:
+        n.stop()
+
+
+def test_threads_sharing_the_pool_each_get_their_own_answers(node: Node) -> None:
+    c = larder.Client(node.url, pool_size=4)
+    wrong: List[str] = []
+
+    def work(t: int) -> None:
+        for i in range(150):
+            value = f"{t}/{i}".encode() * (1 + i % 50)
+            c.set(f"mine/{t}/{i}", value)
+            if c.get(f"mine/{t}/{i}") != value:
+                wrong.append(f"{t}/{i}")
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []

@@ -209,8 +209,9 @@ pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Opt
     };
     // A write that is bound to fail its precondition is refused before its body is read
     // (with `Expect: 100-continue` the client does not even send it). The engine checks
-    // again, atomically with the write. `X-TTL: keep` reads the expiry it keeps here too: with
-    // `If-Match` (a read-modify-write) it is exactly that of the value replaced.
+    // again, atomically with the write. `X-TTL: keep` reads the expiry it keeps here too: that
+    // of the value the ETag of an `If-Match` names, as read just before the write (a touch of
+    // the key in between keeps the version, and its new expiry is then undone).
     if !extra.preconditions.is_empty() || extra.keep {
         let store = app.store.get().expect("store is ready before writes are routed");
         let current = match read(app, store, &key, Part::Nothing).await {
@@ -393,6 +394,11 @@ pub async fn touch(app: &Arc<App>, h: &HeaderMap, key: Vec<u8>) -> Resp {
     }
     if !h.contains_key(&headers::X_TTL) {
         return text(StatusCode::BAD_REQUEST, "PATCH needs X-TTL: the new time to live in seconds (0 = none)\n");
+    }
+    if !headers::write_preconditions(h).is_empty() {
+        // Not silently ignored: a touch keeps the version, so a condition on it says nothing
+        // about what the touch would change.
+        return text(StatusCode::BAD_REQUEST, "a touch (PATCH) takes no preconditions\n");
     }
     let ttl = match headers::ttl(h, std::time::Duration::ZERO) {
         Ok(t) => t,

@@ -87,6 +87,7 @@ fn a_patch_touches_the_ttl_and_keeps_the_value_and_its_version_in_both_tiers() {
             (&[][..], &b""[..], "needs X-TTL"),
             (&[("X-TTL", "soon")][..], &b""[..], "X-TTL must be"),
             (&[("X-TTL", "5")][..], &b"a body"[..], "takes no body"),
+            (&[("X-TTL", "5"), ("If-Match", "*")][..], &b""[..], "no preconditions"),
         ] {
             let r = c.request("PATCH", "/u", headers, body);
             assert_eq!(r.status, 400, "{says}");

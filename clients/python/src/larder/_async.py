@@ -18,7 +18,7 @@ from ._awire import AWire
 from ._keys import Key, Routing, canonical
 from ._serial import Codec, Serializer, for_memoize, resolve
 from ._sync import _Failed, _remaining, _settle, _ttl
-from ._wire import Response
+from ._wire import Response, header_lines
 
 T = TypeVar("T")
 _MISSING = object()
@@ -41,7 +41,7 @@ class AsyncClient(Routing):
         super().__init__(url_or_urls)
         self._serializer = resolve(serializer)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._head = "".join(f"{k}: {v}\r\n" for k, v in self._headers.items()).encode("latin-1")
+        self._head = header_lines(self._headers)
         self._awire = AWire(timeout, pool_size)
         # sock_connect, not connect: waiting for a free pooled connection is not a timeout.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
@@ -72,7 +72,7 @@ class AsyncClient(Routing):
             node, path = self.route(key)
             head = self._head
             if headers:
-                head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
+                head += header_lines(headers)
             answer = await self._awire.request(node, method.encode("ascii"), b"/" + path.encode("ascii"), head, data or b"")
             whole = _Whole(answer)
             if whole.status == 503:

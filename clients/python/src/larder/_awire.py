@@ -12,7 +12,7 @@ from typing import Awaitable, Dict, List, Optional, Tuple, TypeVar
 from urllib.parse import urlsplit
 
 from ._errors import Unavailable
-from ._wire import Response
+from ._wire import Response, _field
 
 T = TypeVar("T")
 
@@ -94,37 +94,45 @@ class AWire:
     ) -> Response:
         reader, writer = stream
         got_any = False
+        reusable = True
         try:
             writer.write(msg)
             head = await _within(self._timeout, reader.readuntil(b"\r\n\r\n"))
             got_any = True
+            if head[:5] != b"HTTP/" or head[8:9] != b" ":
+                raise ValueError(f"not an HTTP answer: {head[:40]!r}")
             status = int(head[9:12])
             lower = head.lower()
-            at = lower.find(b"\r\ncontent-length:")
+            te, cl = _field(lower, b"transfer-encoding"), _field(lower, b"content-length")
             if method == b"HEAD" or status in (204, 304) or 100 <= status < 200:
                 data = b""
-            elif at >= 0:
-                stop = lower.find(b"\r\n", at + 2)
-                data = await _within(self._timeout, reader.readexactly(int(lower[at + 17 : stop])))
-            elif b"\r\ntransfer-encoding: chunked" in lower:
+            elif te is not None and te.split(b",")[-1].strip() == b"chunked":
                 data = await _within(self._timeout, _chunked(reader))
+            elif te is None and cl is not None:
+                data = await _within(self._timeout, reader.readexactly(int(cl)))
             else:
-                data = b""
-        except asyncio.IncompleteReadError as e:
+                # A body that ends with the connection: read to its end, never reused.
+                data = await _within(self._timeout, reader.read())
+                reusable = False
+        except BaseException as e:
             writer.close()
-            if reused and not got_any and not e.partial:
-                raise _Stale("the node had closed the connection") from e
-            raise Unavailable(f"{method.decode()} {node}{path.decode()}: the answer broke off") from e
-        except (OSError, ValueError, asyncio.LimitOverrunError, asyncio.TimeoutError) as e:
-            writer.close()
-            if reused and not got_any and isinstance(e, ConnectionError):
-                raise _Stale(str(e)) from e
-            raise Unavailable(f"{method.decode()} {node}{path.decode()}: {e!r}") from e
-        if b"\r\nconnection: close" in lower or reader.at_eof() or len(n.idle) >= self._size:
+            if isinstance(e, _EXPECTED):
+                raise self._failed(e, reused and not got_any, method, node, path) from e
+            raise  # cancelled: the stream, half used, is closed and not pooled
+        if not reusable or b"\r\nconnection: close" in lower or reader.at_eof() or len(n.idle) >= self._size:
             writer.close()
         else:
             n.idle.append(stream)
         return Response(status, head[:-4], data, node, path)
+
+    @staticmethod
+    def _failed(e: BaseException, maybe_stale: bool, method: bytes, node: str, path: bytes) -> Exception:
+        """The error a failed exchange raises: stale (sent again) for a reused stream the
+        server had closed before any answer, else ``Unavailable``."""
+        nothing = isinstance(e, asyncio.IncompleteReadError) and not e.partial
+        if maybe_stale and (nothing or isinstance(e, ConnectionError)):
+            return _Stale("the node had closed the connection")
+        return Unavailable(f"{method.decode()} {node}{path.decode()}: {e!r}")
 
     async def close(self) -> None:
         for n in self._nodes.values():
@@ -132,6 +140,10 @@ class AWire:
                 _, writer = n.idle.pop()
                 writer.close()
         self._nodes.clear()
+
+
+# What a broken exchange raises, as opposed to a cancellation.
+_EXPECTED = (asyncio.IncompleteReadError, OSError, ValueError, asyncio.LimitOverrunError, asyncio.TimeoutError)
 
 
 class _Stale(Exception):

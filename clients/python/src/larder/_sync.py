@@ -17,7 +17,7 @@ import urllib3
 from . import _memo
 from ._errors import NotFound, Refused, Unavailable
 from ._keys import Key, Routing, canonical
-from ._wire import Wire
+from ._wire import Wire, header_lines
 from ._serial import Codec, Serializer, for_memoize, resolve
 
 T = TypeVar("T")
@@ -49,7 +49,7 @@ class Client(Routing):
         super().__init__(url_or_urls)
         self._serializer = resolve(serializer)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._head = "".join(f"{k}: {v}\r\n" for k, v in self._headers.items()).encode("latin-1")
+        self._head = header_lines(self._headers)
         self._wire = Wire(timeout, pool_size)
         self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
         self._pool = urllib3.PoolManager(num_pools=max(4, len(self._nodes)), maxsize=pool_size, block=False)
@@ -77,7 +77,7 @@ class Client(Routing):
             node, path = self.route(key)
             head = self._head
             if headers:
-                head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
+                head += header_lines(headers)
             r: Any = self._wire.request(node, method.encode("ascii"), b"/" + path.encode("ascii"), head, body or b"")
         else:
             r = self._stream(method, key, body, headers, stream, chunked)

@@ -8,7 +8,9 @@ chunked uploads) stay on urllib3.
 
 from __future__ import annotations
 
+import os
 import socket
+import weakref
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
@@ -59,6 +61,16 @@ class Wire:
         self._idle: Dict[str, Deque[_Conn]] = {}
         self._addr: Dict[str, Tuple[str, int]] = {}
         self._hosts: Dict[str, bytes] = {}
+        # A child process must not share its parent's sockets (their answers would mix): a
+        # fork empties the child's pool, without closing what the parent still uses.
+        me = weakref.ref(self)
+
+        def forget() -> None:
+            w = me()
+            if w is not None:
+                w._idle = {}
+
+        os.register_at_fork(after_in_child=forget)
 
     def request(self, node: str, method: bytes, path: bytes, head: bytes, body: bytes) -> Response:
         """``method`` ``path`` on ``node`` (a base URL) with the header lines ``head`` (each
@@ -117,57 +129,40 @@ class Wire:
 
     def _exchange(self, node: str, c: _Conn, msg: bytes, method: bytes, path: bytes, reused: bool) -> Response:
         s = c.sock
-        got_any = False
         try:
-            s.sendall(msg)
-            buf = c.buf
-            while True:
-                end = buf.find(b"\r\n\r\n")
-                if end >= 0:
-                    break
-                more = s.recv(_RECV)
-                if not more:
+            try:
+                s.sendall(msg)
+            except (BrokenPipeError, ConnectionResetError) as e:
+                # The server may have answered early and closed without reading the rest (a
+                # refusal: 401, 413, 503): that answer is read below. With nothing to read,
+                # a reused socket had been closed while idle.
+                first = _recv_some(s)
+                if not first:
+                    raise (_Stale(str(e)) if reused else e) from e
+            else:
+                first = s.recv(_RECV)
+                if not first:
+                    if reused:
+                        raise _Stale("the node had closed the connection")
                     raise ConnectionResetError("the node closed the connection")
-                got_any = True
-                buf += more
-            head = buf[:end]
-            status = int(head[9:12])
-            lower = head.lower()
-            length = 0
-            at = lower.find(b"\r\ncontent-length:")
-            if method == b"HEAD" or status in (204, 304) or 100 <= status < 200:
-                length = 0
-            elif at >= 0:
-                stop = lower.find(b"\r\n", at + 2)
-                length = int(lower[at + 17 : stop if stop >= 0 else len(lower)])
-            elif b"\r\ntransfer-encoding: chunked" in lower:
-                data, rest = _chunked(s, buf[end + 4 :])
-                self._keep(node, c, rest, lower)
-                return Response(status, head, data, node, path)
-            total = end + 4 + length
-            while len(buf) < total:
-                more = s.recv(max(_RECV, total - len(buf)))
-                if not more:
-                    raise ConnectionResetError("the node closed the connection mid-answer")
-                buf += more
-        except (OSError, ValueError) as e:
+            head, body, reusable = _read_answer(s, first, method)
+        except _Stale:
             s.close()
-            if reused and not got_any and not isinstance(e, socket.timeout):
-                raise _Stale(str(e)) from e
+            raise
+        except (OSError, ValueError) as e:
+            # A socket in any doubt is closed, never pooled: its late answer can never be
+            # read as another request's.
+            s.close()
             raise Unavailable(f"{method.decode()} {node}{path.decode()}: {e}") from e
-        self._keep(node, c, buf[total:], lower)
-        return Response(status, head, buf[end + 4 : total], node, path)
-
-    def _keep(self, node: str, c: _Conn, rest: bytes, lower_head: bytes) -> None:
-        if b"\r\nconnection: close" in lower_head or rest:
-            c.sock.close()  # closing, or bytes nobody asked for: never reused
-            return
-        c.buf = b""
-        idle = self._idle.setdefault(node, deque())
-        if len(idle) < self._size:
-            idle.append(c)
+        if reusable:
+            idle = self._idle.setdefault(node, deque())
+            if len(idle) < self._size:
+                idle.append(c)
+            else:
+                s.close()
         else:
-            c.sock.close()
+            s.close()
+        return Response(int(head[9:12]), head, body, node, path)
 
     def clear(self) -> None:
         for idle in self._idle.values():
@@ -175,13 +170,102 @@ class Wire:
                 idle.pop().sock.close()
 
 
+def _recv_some(s: socket.socket) -> bytes:
+    """What the server sent before it closed, if anything."""
+    try:
+        return s.recv(_RECV)
+    except OSError:
+        return b""
+
+
+def _read_answer(s: socket.socket, buf: bytes, method: bytes) -> Tuple[bytes, bytes, bool]:
+    """The answer whose first bytes are ``buf``: its head, its body, and whether the socket may
+    be used again (it may not when the body's end is the connection's, or the server closes)."""
+    end = buf.find(b"\r\n\r\n")
+    while end < 0:
+        if len(buf) > 1 << 20:
+            raise ValueError("an answer head longer than 1 MiB")
+        more = s.recv(_RECV)
+        if not more:
+            raise ConnectionResetError("the node closed the connection mid-answer")
+        buf += more
+        end = buf.find(b"\r\n\r\n")
+    head = buf[:end]
+    if head[:5] != b"HTTP/" or head[8:9] != b" ":
+        raise ValueError(f"not an HTTP answer: {head[:40]!r}")
+    status = int(head[9:12])
+    lower = head.lower()
+    reusable = b"\r\nconnection: close" not in lower
+    rest = buf[end + 4 :]
+    if method == b"HEAD" or status in (204, 304) or 100 <= status < 200:
+        length = 0
+    else:
+        te = _field(lower, b"transfer-encoding")
+        if te is not None:
+            if te.split(b",")[-1].strip() != b"chunked":
+                return head, _to_eof(s, rest), False  # its end is the connection's
+            data, rest = _chunked(s, rest)
+            return head, data, reusable and not rest
+        cl = _field(lower, b"content-length")
+        if cl is None:
+            return head, _to_eof(s, rest), False
+        length = int(cl)
+    if len(rest) > length:
+        return head, rest[:length], False  # bytes nobody asked for: never reused
+    if len(rest) == length:
+        return head, rest, reusable
+    # The body into a buffer of its size (no copy of what came before per read).
+    body = bytearray(length)
+    body[: len(rest)] = rest
+    view = memoryview(body)
+    have = len(rest)
+    while have < length:
+        n = s.recv_into(view[have:])
+        if n == 0:
+            raise ConnectionResetError("the node closed the connection mid-answer")
+        have += n
+    return head, bytes(body), reusable
+
+
+def _field(lower_head: bytes, name: bytes) -> Optional[bytes]:
+    """The value of header ``name`` in a lower-cased head, if present."""
+    at = lower_head.find(b"\r\n" + name + b":")
+    if at < 0:
+        return None
+    start = at + len(name) + 3
+    stop = lower_head.find(b"\r\n", start)
+    return lower_head[start : stop if stop >= 0 else len(lower_head)].strip()
+
+
+def _to_eof(s: socket.socket, buf: bytes) -> bytes:
+    parts = [buf]
+    while True:
+        more = s.recv(_RECV)
+        if not more:
+            return b"".join(parts)
+        parts.append(more)
+
+
+def header_lines(headers: Dict[str, str]) -> bytes:
+    """Header lines for a request; a name or value that would end its line (CR, LF, NUL) is a
+    ``ValueError``: it could smuggle a second request onto a pooled socket."""
+    lines = []
+    for k, v in headers.items():
+        line = f"{k}: {v}"
+        if "\r" in line or "\n" in line or "\0" in line:
+            raise ValueError(f"a header name or value holds CR, LF or NUL: {line!r}")
+        lines.append(line + "\r\n")
+    return "".join(lines).encode("latin-1")
+
+
 class _Stale(Exception):
     """A reused socket that failed before any answer: the server had closed it."""
 
 
-def _chunked(s: socket.socket, buf: bytes) -> Tuple[bytes, bytes]:
+def _chunked(s: socket.socket, data: bytes) -> Tuple[bytes, bytes]:
     """A chunked body read whole: (the body, bytes after it)."""
     out: List[bytes] = []
+    buf = bytearray(data)
     while True:
         while b"\r\n" not in buf:
             buf += _recv(s)
@@ -194,9 +278,9 @@ def _chunked(s: socket.socket, buf: bytes) -> Tuple[bytes, bytes]:
             while not buf.startswith(b"\r\n") and b"\r\n\r\n" not in buf:
                 buf += _recv(s)
             rest = buf[2:] if buf.startswith(b"\r\n") else buf.split(b"\r\n\r\n", 1)[1]
-            return b"".join(out), rest
-        out.append(buf[:size])
-        buf = buf[size + 2 :]
+            return b"".join(out), bytes(rest)
+        out.append(bytes(buf[:size]))
+        del buf[: size + 2]
 
 
 def _recv(s: socket.socket) -> bytes:

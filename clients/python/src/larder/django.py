@@ -21,7 +21,7 @@ Every ``BaseCache`` method works as in Django's own backends. How each maps onto
   ``add`` still answers whether the key was absent, as Django's other backends do.
 - ``incr``/``decr``: ``GET`` (value and ``ETag``), then ``PUT`` with ``If-Match`` of that
   ETag and ``X-TTL: keep``, retried on ``412``: no increment is lost to a concurrent one, and
-  the value keeps its expiry to the millisecond.
+  the value keeps its expiry (to the millisecond; a touch at the same moment may be undone).
 - ``touch``: ``PATCH /<key>`` with ``X-TTL``; a timeout of 0 deletes the key.
 - ``get_many``/``set_many``: the client's concurrent batch calls; ``delete_many``: a
   ``DELETE`` per key.

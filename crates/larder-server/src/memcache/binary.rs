@@ -207,7 +207,8 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
             if value_len.is_none_or(|v| v > most) || key_len > KEY_MAX {
                 // A set (not add or replace) drops the key, as memcached's does: its key is
                 // read (it comes before the value), the rest is read past below.
-                if matches!(opcode, 0x01 | 0x11) && value_len.is_some() && key_len > 0 && key_len <= KEY_MAX {
+                let well_formed = extras_len == 8 && value_len.is_some() && key_len > 0 && key_len <= KEY_MAX;
+                if matches!(opcode, 0x01 | 0x11) && well_formed {
                     read_block(c, HEADER + extras_len + key_len).await?;
                     let key = c.input[HEADER + extras_len..HEADER + extras_len + key_len].to_vec();
                     drop_refused(c, store, &key).await;
