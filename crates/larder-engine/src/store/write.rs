@@ -491,6 +491,12 @@ impl Store {
                 return self.touch_held(key, touch);
             };
             let generation = sh.ring.live_generation(loc);
+            if generation.is_none() {
+                // An entry the ring has moved past (the sweep drops it soon): the key is on disk
+                // no more, though memory may still hold its value.
+                drop(locked);
+                return self.touch_held(key, touch);
+            }
             let rec = match sh.fetch(hash, loc, false)? {
                 Fetch::Record(r) if r.key() == key && !r.header.is_tombstone() && !r.header.is_chunk() => r,
                 _ if locked.is_some() => return Ok(None),
