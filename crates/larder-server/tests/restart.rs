@@ -116,8 +116,9 @@ fn a_node_paused_longer_than_max_downtime_flushes_when_it_runs_again() {
     unsafe { libc::kill(pid, libc::SIGCONT) };
     // The stamp's thread notices within a renewal.
     let start = std::time::Instant::now();
-    while s.stats()["downtime_flushes"] != 1 {
-        assert!(start.elapsed() < std::time::Duration::from_secs(10), "no flush after the pause: {}", s.stats());
+    // At least one: on a loaded machine a later stall of the test run itself may add another.
+    while s.stats()["downtime_flushes"].as_u64().unwrap_or(0) < 1 {
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "no flush after the pause: {}", s.stats());
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let mut c = s.client();
