@@ -119,14 +119,7 @@ class AsyncClient(Routing):
 
     async def contains(self, key: Key) -> bool:
         """``key in c`` for the async client."""
-        r = await self._request("HEAD", key)
-        try:
-            if r.status == 404:
-                return False
-            await _check(r, "HEAD")
-            return True
-        finally:
-            r.release()
+        return await _had_value(await self._request("HEAD", key), "HEAD")
 
     def open(self, key: Key) -> "AsyncReader":
         """``async with c.open(key) as r``: ``await r.read(n)`` or ``async for piece in r``;
@@ -162,25 +155,11 @@ class AsyncClient(Routing):
             r.release()
 
     async def delete(self, key: Key) -> bool:
-        r = await self._request("DELETE", key)
-        try:
-            if r.status == 404:
-                return False
-            await _check(r, "DELETE")
-            return True
-        finally:
-            r.release()
+        return await _had_value(await self._request("DELETE", key), "DELETE")
 
     async def touch(self, key: Key, ttl: float) -> bool:
         """As ``Client.touch``: a new expiry for ``key``; whether it had a value."""
-        r = await self._request("PATCH", key, data=b"", headers=_ttl(ttl))
-        try:
-            if r.status == 404:
-                return False
-            await _check(r, "PATCH")
-            return True
-        finally:
-            r.release()
+        return await _had_value(await self._request("PATCH", key, data=b"", headers=_ttl(ttl)), "PATCH")
 
     async def delitem(self, key: Key) -> None:
         if not await self.delete(key):
@@ -358,6 +337,17 @@ class _Whole:
 
     def release(self) -> None:
         pass
+
+
+async def _had_value(r: Any, method: str) -> bool:
+    """As the sync client's: whether the key had a value (404: no); the answer released."""
+    try:
+        if r.status == 404:
+            return False
+        await _check(r, method)
+        return True
+    finally:
+        r.release()
 
 
 async def _check(r: Any, method: str = "GET") -> None:

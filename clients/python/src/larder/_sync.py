@@ -128,11 +128,7 @@ class Client(Routing):
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, (str, bytes)):
             return False
-        r = self._request("HEAD", key)
-        if r.status == 404:
-            return False
-        _check(r)
-        return True
+        return _had_value(self._request("HEAD", key), "HEAD")
 
     def open(self, key: Key) -> "Reader":
         """A readable file-like object streaming the value as it arrives (bytes, whatever the
@@ -186,20 +182,12 @@ class Client(Routing):
 
     def delete(self, key: Key) -> bool:
         """Deletes ``key``; whether it had a value."""
-        r = self._request("DELETE", key)
-        if r.status == 404:
-            return False
-        _check(r, "DELETE")
-        return True
+        return _had_value(self._request("DELETE", key), "DELETE")
 
     def touch(self, key: Key, ttl: float) -> bool:
         """Makes ``key`` expire ``ttl`` seconds from now (whole seconds, rounded up; 0 = never)
         without sending its value again (the value and its ETag stay); whether it had one."""
-        r = self._request("PATCH", key, body=b"", headers=_ttl(ttl))
-        if r.status == 404:
-            return False
-        _check(r, "PATCH")
-        return True
+        return _had_value(self._request("PATCH", key, body=b"", headers=_ttl(ttl)), "PATCH")
 
     def __delitem__(self, key: Key) -> None:
         if not self.delete(key):
@@ -422,6 +410,15 @@ def _ttl(ttl: Optional[float]) -> Dict[str, str]:
     if ttl is None:
         return {}
     return {"X-TTL": str(0 if ttl <= 0 else math.ceil(ttl))}
+
+
+def _had_value(r: Any, method: str) -> bool:
+    """The answer to a request about a key's value (HEAD, DELETE, PATCH): whether it had one
+    (404: no); any other failure raised as ``_check`` says."""
+    if r.status == 404:
+        return False
+    _check(r, method)
+    return True
 
 
 def _check(r: urllib3.BaseHTTPResponse, method: str = "GET") -> None:
