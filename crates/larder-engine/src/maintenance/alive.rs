@@ -53,8 +53,8 @@ pub(crate) fn rejoin(disk: &mut Disk) -> Result<()> {
     Ok(())
 }
 
-/// The stamp files of the usable data directories, kept open.
-pub(crate) struct Stamps(Vec<io::Handle>);
+/// The stamp files of the usable data directories, kept open, and when they were last stamped.
+pub(crate) struct Stamps(Vec<io::Handle>, Instant);
 
 impl Stamps {
     /// Opens the stamp files and stamps them: from its return, the store is known open.
@@ -66,7 +66,7 @@ impl Stamps {
                 None
             }
         };
-        let stamps = Stamps(disk.ring.dirs.iter().filter(|d| d.usable()).filter_map(open).collect());
+        let stamps = Stamps(disk.ring.dirs.iter().filter(|d| d.usable()).filter_map(open).collect(), Instant::now());
         stamps.stamp();
         stamps
     }
@@ -86,7 +86,9 @@ impl Stamps {
     /// wall clock does not move.
     pub fn keep(self, disk: Arc<Disk>) {
         let late = disk.ring.cfg.max_downtime.map(|m| m + 2 * EVERY);
-        let mut last = Instant::now();
+        // From the stamp at open, not from when this thread first runs: a process paused
+        // before its new thread was scheduled has not run since then either.
+        let mut last = self.1;
         let mut stop = disk.stop.lock();
         while !*stop {
             disk.stop_cv.wait_for(&mut stop, EVERY);
