@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import threading
 import time
 from typing import Any, Callable, Dict, List
@@ -78,6 +79,22 @@ def test_errors_say_what_happened(node: Node, make: Callable[..., Any], tmp_path
         down.get("a")
     with pytest.raises(larder.Unavailable):
         down.set("a", b"v")
+
+
+def test_a_node_that_never_answers_fails_the_call_within_the_timeout(make: Callable[..., Any]) -> None:
+    # The kernel queues connections to a socket that listens but never accepts: the request
+    # is sent and no answer ever comes.
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        c = make(f"http://127.0.0.1:{mute.getsockname()[1]}", timeout=0.5)
+        for call in (lambda: c.get("a"), lambda: c.set("a", b"v")):
+            start = time.monotonic()
+            with pytest.raises(larder.Unavailable):
+                call()
+            assert 0.4 < time.monotonic() - start < 5
+    with pytest.raises(ValueError):
+        make("http://127.0.0.1:1", timeout=0)
 
 
 def test_get_or_set_computes_once_per_key_and_survives_a_node_down(node: Node, make: Callable[..., Any]) -> None:

@@ -69,11 +69,11 @@ class AsyncClient(Routing):
         is read whole (``_awire``), else on aiohttp. The answer has aiohttp's ``status``,
         ``url``, ``read``, ``text`` and ``release``."""
         if not stream and (data is None or isinstance(data, bytes)):
-            node, path = self.route(key)
+            node, target = self.target(key)
             head = self._head
             if headers:
                 head += header_lines(headers)
-            answer = await self._awire.request(node, method.encode("ascii"), b"/" + path.encode("ascii"), head, data or b"")
+            answer = await self._awire.request(node, method.encode("ascii"), target, head, data or b"")
             whole = _Whole(answer)
             if whole.status == 503:
                 raise Unavailable(f"{method} {whole.url}: 503 {(await whole.text()).strip()}")

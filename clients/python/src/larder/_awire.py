@@ -47,6 +47,8 @@ class AWire:
     """Keep-alive streams to each node, for one event loop."""
 
     def __init__(self, timeout: float, size: int) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout is a number of seconds above 0, not {timeout!r}")
         self._timeout = timeout
         self._size = size
         self._nodes: Dict[str, _Node] = {}

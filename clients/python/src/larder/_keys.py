@@ -10,6 +10,7 @@ deployments agree on every key.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 import struct
 import zlib
@@ -40,6 +41,14 @@ def canonical(key: Key) -> str:
     if raw.startswith(b"_larder/"):
         raise ValueError(f"keys under _larder/ are larder's own: {key!r}")
     return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in raw)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def request_path(key: Key) -> Tuple[str, bytes]:
+    """``canonical(key)``, and the request target it makes (``/`` and the path, as bytes):
+    remembered for the keys used most, as a key is used again and again."""
+    path = canonical(key)
+    return path, b"/" + path.encode("ascii")
 
 
 def _split_server(server: bytes) -> Tuple[bytes, bytes]:
@@ -104,8 +113,13 @@ class Routing:
 
     def route(self, key: Key) -> Tuple[str, str]:
         """The node (base URL) that owns ``key``, and the key's canonical path on it."""
-        path = canonical(key)
+        path = request_path(key)[0]
         return (self._nodes[self._ring.owner(path)] if self._ring else self._nodes[0]), path
+
+    def target(self, key: Key) -> Tuple[str, bytes]:
+        """The node that owns ``key``, and the request target naming it there."""
+        path, target = request_path(key)
+        return (self._nodes[self._ring.owner(path)] if self._ring else self._nodes[0]), target
 
 
 def server_string(url: str) -> str:

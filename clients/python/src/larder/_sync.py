@@ -22,6 +22,7 @@ from ._serial import Codec, Serializer, for_memoize, resolve
 
 T = TypeVar("T")
 _MISSING = object()
+_METHODS = {m: m.encode("ascii") for m in ("GET", "HEAD", "PUT", "DELETE", "PATCH", "POST")}
 
 
 class Client(Routing):
@@ -74,16 +75,20 @@ class Client(Routing):
         """A request: on the client's own transport when its body is in memory and its answer
         is read whole, else on urllib3 (``_stream``). An answer has ``status`` and ``data``."""
         if not stream and not chunked and (body is None or isinstance(body, bytes)):
-            node, path = self.route(key)
-            head = self._head
-            if headers:
-                head += header_lines(headers)
-            r: Any = self._wire.request(node, method.encode("ascii"), b"/" + path.encode("ascii"), head, body or b"")
-        else:
-            r = self._stream(method, key, body, headers, stream, chunked)
+            head = self._head + header_lines(headers) if headers else self._head
+            return self._small(_METHODS[method], key, head, body or b"")
+        r = self._stream(method, key, body, headers, stream, chunked)
         if r.status == 503:
-            msg = _message(r)
-            raise Unavailable(f"{method} {self.url(key)}: 503 {msg}")
+            raise Unavailable(f"{method} {self.url(key)}: 503 {_message(r)}")
+        return r
+
+    def _small(self, method: bytes, key: Key, head: bytes, body: bytes) -> Any:
+        """A request whose body is in memory and whose answer is read whole, on the client's
+        own transport: the path of every small get and set, kept short."""
+        node, target = self.target(key)
+        r = self._wire.request(node, method, target, head, body)
+        if r.status == 503:
+            raise Unavailable(f"{method.decode()} {r.geturl()}: 503 {_message(r)}")
         return r
 
     def _stream(
@@ -113,7 +118,7 @@ class Client(Routing):
 
     def get(self, key: Key, default: Any = None) -> Any:
         """The value of ``key`` (deserialized), or ``default`` when it has none."""
-        r = self._request("GET", key)
+        r = self._small(b"GET", key, self._head, b"")
         if r.status == 404:
             return default
         _check(r)
@@ -161,6 +166,10 @@ class Client(Routing):
         """Stores ``value`` under ``key``. A file object (anything with ``read``) is streamed
         from where it stands, never read whole; other values go through the serializer.
         ``ttl`` in seconds (whole seconds on the wire, rounded up)."""
+        if content_type is None and not hasattr(value, "read"):
+            head = self._head if ttl is None else self._head + _ttl_line(ttl)
+            _check(self._small(b"PUT", key, head, self._serializer.dumps(value)), "PUT")
+            return
         headers = _ttl(ttl)
         if content_type:
             headers["Content-Type"] = content_type
@@ -397,11 +406,16 @@ def _settle(what: str, keys: List[Key], outcomes: Sequence[Any], done: Dict[Key,
     return failed
 
 
-def _message(r: urllib3.BaseHTTPResponse) -> str:
+def _message(r: Any) -> str:
     try:
-        return r.data.decode("utf-8", "replace").strip()
+        return str(r.data.decode("utf-8", "replace")).strip()
     except Exception:
         return ""
+
+
+def _ttl_line(ttl: float) -> bytes:
+    """``_ttl``'s header as a request line."""
+    return b"X-TTL: %d\r\n" % (0 if ttl <= 0 else math.ceil(ttl))
 
 
 def _ttl(ttl: Optional[float]) -> Dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import weakref
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
@@ -17,7 +18,12 @@ from urllib.parse import urlsplit
 
 from ._errors import Unavailable
 
-_RECV = 1 << 18
+# The first read of an answer: a small answer's head and body in one call. A larger buffer
+# costs more than the read itself (CPython allocates it whole, then shrinks it: 256 KiB took
+# 10 us a request); a larger body is read into a buffer of its own size.
+_RECV = 16 << 10
+# Reads of a body whose length is not known in advance.
+_RECV_MORE = 64 << 10
 
 
 class Response:
@@ -56,7 +62,12 @@ class Wire:
     """Keep-alive sockets to each node, at most ``size`` idle per node, shared by threads."""
 
     def __init__(self, timeout: float, size: int) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout is a number of seconds above 0, not {timeout!r}")
         self._timeout = timeout
+        # A timeval; at least 1 us, as 0 would mean no bound at all.
+        whole, micros = divmod(max(1, round(timeout * 1e6)), 1_000_000)
+        self._tv = struct.pack("ll", whole, micros)
         self._size = size
         self._idle: Dict[str, Deque[_Conn]] = {}
         self._addr: Dict[str, Tuple[str, int]] = {}
@@ -125,6 +136,12 @@ class Wire:
         except OSError as e:
             raise Unavailable(f"{node}: {e}") from e
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Sends and reads are bounded by the kernel (SO_SNDTIMEO / SO_RCVTIMEO) on a blocking
+        # socket: Python's own timeout polls before every send and every read, two more
+        # system calls a request. A bound that runs out fails the call with EAGAIN.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, self._tv)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, self._tv)
+        s.settimeout(None)
         return _Conn(s)
 
     def _exchange(self, node: str, c: _Conn, msg: bytes, method: bytes, path: bytes, reused: bool) -> Response:
@@ -153,9 +170,13 @@ class Wire:
             # A socket in any doubt is closed, never pooled: its late answer can never be
             # read as another request's.
             s.close()
+            if isinstance(e, BlockingIOError):  # the kernel's bound ran out
+                raise Unavailable(f"{method.decode()} {node}{path.decode()}: no answer within {self._timeout}s") from e
             raise Unavailable(f"{method.decode()} {node}{path.decode()}: {e}") from e
         if reusable:
-            idle = self._idle.setdefault(node, deque())
+            idle = self._idle.get(node)
+            if idle is None:
+                idle = self._idle[node] = deque()
             if len(idle) < self._size:
                 idle.append(c)
             else:
@@ -240,7 +261,7 @@ def _field(lower_head: bytes, name: bytes) -> Optional[bytes]:
 def _to_eof(s: socket.socket, buf: bytes) -> bytes:
     parts = [buf]
     while True:
-        more = s.recv(_RECV)
+        more = s.recv(_RECV_MORE)
         if not more:
             return b"".join(parts)
         parts.append(more)
@@ -284,7 +305,7 @@ def _chunked(s: socket.socket, data: bytes) -> Tuple[bytes, bytes]:
 
 
 def _recv(s: socket.socket) -> bytes:
-    more = s.recv(_RECV)
+    more = s.recv(_RECV_MORE)
     if not more:
         raise ConnectionResetError("the node closed the connection mid-answer")
     return more
