@@ -8,7 +8,7 @@ use crate::guard::budget::Charge;
 use crate::guard::BodyClock;
 use crate::headers;
 use crate::reply::{engine_error, text, text_owned, Body, Op, Resp};
-use crate::storeio::{blocking, body_of, read, read_body_of, Read};
+use crate::storeio::{blocking, body_of, quick, read, read_body_of, Read};
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{
@@ -262,13 +262,10 @@ pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Opt
         Err(BodyError::Broken(e)) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
     };
     app.metrics.bytes_in.fetch_add(len, Ordering::Relaxed);
-    let store = app.store.get().expect("store is ready before writes are routed");
-    let result = match store.put_parts(&key, &parts(&body), &PutOptions { nonblocking: true, ..extra.options() }) {
-        Err(e) if e.kind() == ErrorKind::WouldBlock => {
-            blocking(app, move |store| store.put_parts(&key, &parts(&body), &extra.options())).await
-        }
-        done => done,
-    };
+    let result = quick(app, move |store, wait| {
+        store.put_parts(&key, &parts(&body), &PutOptions { nonblocking: !wait, ..extra.options() })
+    })
+    .await;
     // The body is written (or its write failed) and about to be freed: its room goes back.
     drop(room);
     match result {

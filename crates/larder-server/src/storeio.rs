@@ -108,6 +108,21 @@ pub(crate) async fn body_of(app: &Arc<App>, held: Option<&Held>, read: Read, len
     }
 }
 
+/// A store call made inline when it need not wait, else on the blocking pool. `f` is told
+/// whether it may wait: called first with `false`, it either finishes or fails with
+/// `WouldBlock` having changed nothing (each store call it makes `nonblocking`, none after a
+/// write that took effect), and is then called again on the blocking pool with `true`. A
+/// small write's hand-off to the pool and back costs more than the write itself.
+pub(crate) async fn quick<T: Send + 'static>(
+    app: &Arc<App>,
+    f: impl Fn(&Store, bool) -> larder_engine::Result<T> + Send + 'static,
+) -> larder_engine::Result<T> {
+    match f(app.store.get().expect("store is ready before writes are routed"), false) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => blocking(app, move |s| f(s, true)).await,
+        done => done,
+    }
+}
+
 /// Runs a write that has to wait (for the writer lock, a ring rotation truncating a volume,
 /// or a group-commit fdatasync) on the blocking pool, so that it never stalls the async
 /// workers serving GETs. The common case runs inline, as a `nonblocking` put or delete.

@@ -13,7 +13,7 @@ use super::stats::Outcome;
 use super::text::KEY_MAX;
 use super::{access, counters, Conn, End};
 use crate::guard::Refusal;
-use crate::storeio::{blocking, read_body_of, Read};
+use crate::storeio::{blocking, quick, read_body_of, Read};
 use bytes::{Buf, BufMut};
 use larder_engine::{DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store};
 use std::time::Duration;
@@ -211,7 +211,7 @@ pub(super) async fn session(c: &mut Conn) -> Result<(), End> {
                 if matches!(opcode, 0x01 | 0x11) && well_formed {
                     read_block(c, HEADER + extras_len + key_len).await?;
                     let key = c.input[HEADER + extras_len..HEADER + extras_len + key_len].to_vec();
-                    drop_refused(c, store, &key).await;
+                    drop_refused(c, &key).await;
                 }
                 counters().count(command_of(opcode), Outcome::ClientError);
                 error(c, &h, if value_len.is_none() || key_len > KEY_MAX { INVALID } else { TOO_LARGE });
@@ -313,8 +313,14 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                 preconditions.push(Precondition::StoredAt(h.cas));
             }
             let k = key.to_vec();
-            let r = blocking(&app, move |s| {
-                let opts = PutOptions { expiry: exp, flags, preconditions: &preconditions, ..Default::default() };
+            let r = quick(&app, move |s, wait| {
+                let opts = PutOptions {
+                    expiry: exp,
+                    flags,
+                    preconditions: &preconditions,
+                    nonblocking: !wait,
+                    ..Default::default()
+                };
                 s.put(&k, &value, &opts)
             })
             .await;
@@ -332,7 +338,7 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                 }
                 Err(e) if e.kind() == ErrorKind::TooLarge => {
                     if op == 0x01 {
-                        drop_refused(c, store, key).await;
+                        drop_refused(c, key).await;
                     }
                     error(c, h, TOO_LARGE)
                 }
@@ -345,11 +351,11 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
                 return invalid(c, h);
             }
             let (k, cas) = (key.to_vec(), h.cas);
-            let r = blocking(&app, move |s| {
-                let cond: Vec<Precondition> = if cas != 0 { vec![Precondition::StoredAt(cas)] } else { vec![] };
-                match s.delete(&k, &DeleteOptions { preconditions: &cond, ..Default::default() }) {
+            let cond: Vec<Precondition> = if cas != 0 { vec![Precondition::StoredAt(cas)] } else { vec![] };
+            let r = quick(&app, move |s, wait| {
+                match s.delete(&k, &DeleteOptions { preconditions: &cond, nonblocking: !wait }) {
                     Err(e) if e.kind() == ErrorKind::PreconditionFailed => {
-                        let present = s.get(&k, &ReadOptions { part: Part::Nothing, ..Default::default() })?.is_some();
+                        let present = s.get(&k, &ReadOptions { part: Part::Nothing, nonblocking: !wait })?.is_some();
                         Ok(if present { EXISTS } else { NOT_FOUND })
                     }
                     r => r.map(|found| if found { OK } else { NOT_FOUND }),

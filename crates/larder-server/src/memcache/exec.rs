@@ -11,7 +11,7 @@ use super::stats::{command_index, stats, Outcome};
 use super::text::{self, Command, Parsed, StoreOp, LINE_MAX, REALTIME_MAXDELTA};
 use super::{access, counters, Conn, End};
 use crate::guard::Refusal;
-use crate::storeio::{blocking, read_body_of, Read};
+use crate::storeio::{blocking, quick, read_body_of, Read};
 use bytes::Bytes;
 use larder_engine::{
     now_ms, DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store, Value,
@@ -156,12 +156,9 @@ async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
         }
         Command::Delete { key, noreply } => {
             let k = key.to_vec();
-            let r = match store.delete(key, &DeleteOptions { nonblocking: true, ..Default::default() }) {
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    blocking(&c.app, move |s| s.delete(&k, &DeleteOptions::default())).await
-                }
-                r => r,
-            };
+            let r =
+                quick(&c.app, move |s, wait| s.delete(&k, &DeleteOptions { nonblocking: !wait, ..Default::default() }))
+                    .await;
             let r = match r {
                 Ok(true) => Answer::Line(Outcome::Deleted, "DELETED\r\n"),
                 Ok(false) => Answer::Line(Outcome::NotFound, "NOT_FOUND\r\n"),
@@ -425,7 +422,7 @@ async fn store_cmd(
     // larder does not (memcached's own items stop at 1 MiB by default).
     if len > cfg.max_value_size || (streamed && matches!(op, StoreOp::Append | StoreOp::Prepend)) {
         if op == StoreOp::Set {
-            drop_refused(c, store, key).await;
+            drop_refused(c, key).await;
         }
         answer_then_swallow(c, "SERVER_ERROR object too large for cache\r\n", len + 2).await?;
         return Ok(Answer::Sent(Outcome::ServerError));
@@ -470,7 +467,7 @@ async fn store_cmd(
         },
         Err(e) if e.kind() == ErrorKind::TooLarge => {
             if op == StoreOp::Set {
-                drop_refused(c, store, key).await;
+                drop_refused(c, key).await;
             }
             Answer::Line(Outcome::ServerError, "SERVER_ERROR object too large for cache\r\n")
         }
@@ -481,14 +478,10 @@ async fn store_cmd(
 /// memcached's rule for a `set` refused as too large (text, binary, and every meta set): the
 /// key's old value is dropped, so that no reader takes it for the value the client believes
 /// it replaced. Only after the policy admitted the write.
-pub(super) async fn drop_refused(c: &Conn, store: &Store, key: &[u8]) {
+pub(super) async fn drop_refused(c: &Conn, key: &[u8]) {
     let k = key.to_vec();
-    let r = match store.delete(key, &DeleteOptions { nonblocking: true, ..Default::default() }) {
-        Err(e) if e.kind() == ErrorKind::WouldBlock => {
-            blocking(&c.app, move |s| s.delete(&k, &DeleteOptions::default())).await
-        }
-        done => done,
-    };
+    let r =
+        quick(&c.app, move |s, wait| s.delete(&k, &DeleteOptions { nonblocking: !wait, ..Default::default() })).await;
     if let Err(e) = r {
         tracing::error!(error = %e, "the old value of a key whose set was refused as too large could not be dropped");
     }
@@ -519,13 +512,10 @@ impl Put {
 /// Stores `data` (at most a chunk): inline when the write need not wait, else on the
 /// blocking pool.
 async fn put_value(c: &Conn, put: Put, data: Bytes) -> larder_engine::Result<()> {
-    let store = c.app.store.get().expect("ready");
-    match store.put(&put.key, &data, &PutOptions { nonblocking: true, ..put.options() }) {
-        Err(e) if e.kind() == ErrorKind::WouldBlock => {
-            blocking(&c.app, move |s| s.put(&put.key, &data, &put.options()).map(|_| ())).await
-        }
-        r => r.map(|_| ()),
-    }
+    quick(&c.app, move |s, wait| {
+        s.put(&put.key, &data, &PutOptions { nonblocking: !wait, ..put.options() }).map(|_| ())
+    })
+    .await
 }
 
 /// A data block longer than a chunk, written to disk as it arrives (as an HTTP upload is):

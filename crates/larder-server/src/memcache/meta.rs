@@ -14,7 +14,7 @@ use super::exec::{
 };
 use super::text::{safe_strtol, safe_strtoul, safe_strtoull, KEY_MAX};
 use super::{mdma, Conn, End};
-use crate::storeio::{blocking, read_body_of, Read};
+use crate::storeio::{blocking, quick, read_body_of, Read};
 use base64::Engine;
 use bytes::Bytes;
 use larder_engine::{now_ms, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store};
@@ -418,7 +418,7 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     let append = matches!(f.mode, Some(b'A' | b'P'));
     if len > cfg.max_value_size || (len > cfg.chunk_size && append) {
         // memcached drops the key whatever the mode (set, add, replace, append, prepend).
-        drop_refused(c, store, &key).await;
+        drop_refused(c, &key).await;
         return answer_then_swallow(c, "SERVER_ERROR object too large for cache\r\n", len + 2).await;
     }
     let app = c.app.clone();
@@ -450,7 +450,7 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
         }
         let data = block.slice(..len as usize);
         let (stale, mode, cas) = (f.stale, f.mode, f.cas);
-        let r = match blocking(&app, move |s| ms_write(s, &put, data, mode, cas, cas_mode && stale)).await {
+        let r = match quick(&app, move |s, wait| ms_write(s, &put, &data, mode, cas, cas_mode && stale, wait)).await {
             Ok((new, Some(old))) => {
                 // A stale store keeps the win token of the value it replaced.
                 let was = c.listener.items.state(&key, old);
@@ -502,29 +502,32 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
 }
 
 /// The write of an `ms` whose data is in memory: the new value's store time and, for a stale
-/// store (`I` with an older cas), the store time of the value it replaced.
+/// store (`I` with an older cas), the store time of the value it replaced. Each store call
+/// waits only if `wait` (see `storeio::quick`): none comes after a write that took effect.
 fn ms_write(
     s: &Store,
     put: &Put,
-    data: Bytes,
+    data: &Bytes,
     mode: Option<u8>,
     cas: Option<u64>,
     stale_allowed: bool,
+    wait: bool,
 ) -> larder_engine::Result<(u64, Option<u64>)> {
-    let opts = put.options();
+    let opts = PutOptions { nonblocking: !wait, ..put.options() };
+    let reading = |part| ReadOptions { part, nonblocking: !wait };
     match mode {
         Some(m @ (b'A' | b'P')) => {
             for _ in 0..ROUNDS {
                 // Append and prepend: to the value read, if its cas is the one given (when given).
-                let Some(v) = s.get(&put.key, &ReadOptions::default())? else {
+                let Some(v) = s.get(&put.key, &reading(Part::Whole))? else {
                     return Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "absent"));
                 };
                 if cas.is_some_and(|c| c != 0 && c != v.stored_ms) {
                     return Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "cas"));
                 }
-                let joined = if m == b'A' { [&v.data[..], &data].concat() } else { [&data[..], &v.data[..]].concat() };
+                let joined = if m == b'A' { [&v.data[..], data].concat() } else { [&data[..], &v.data[..]].concat() };
                 let cond = [Precondition::StoredAt(v.stored_ms)];
-                let keep = keep(&v, &cond);
+                let keep = PutOptions { nonblocking: !wait, ..keep(&v, &cond) };
                 match s.put(&put.key, &joined, &keep) {
                     Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
                     r => return r.map(|st| (st.version.stored_ms, None)),
@@ -532,11 +535,11 @@ fn ms_write(
             }
             Err(contended())
         }
-        _ => match s.put(&put.key, &data, &opts) {
+        _ => match s.put(&put.key, data, &opts) {
             // With `I`, a cas older than the value's stores anyway, marked stale, keeping the
             // value's expiry (a slow recache under an invalidation).
             Err(e) if e.kind() == ErrorKind::PreconditionFailed && stale_allowed => {
-                let Some(v) = s.get(&put.key, &ReadOptions { part: Part::Nothing, ..Default::default() })? else {
+                let Some(v) = s.get(&put.key, &reading(Part::Nothing))? else {
                     return Err(e);
                 };
                 if cas.is_none_or(|c| c >= v.stored_ms) {
@@ -544,7 +547,7 @@ fn ms_write(
                 }
                 let cond = [Precondition::StoredAt(v.stored_ms)];
                 let stale = PutOptions { expiry: Expiry::of(v.expiry_ms), stale: true, preconditions: &cond, ..opts };
-                s.put(&put.key, &data, &stale).map(|st| (st.version.stored_ms, Some(v.stored_ms)))
+                s.put(&put.key, data, &stale).map(|st| (st.version.stored_ms, Some(v.stored_ms)))
             }
             r => r.map(|st| (st.version.stored_ms, None)),
         },
