@@ -5,6 +5,8 @@ client"):
 - larder's `Client` (one thread) and `AsyncClient` (64 tasks) over HTTP;
 - pymemcache against Debian's memcached, and against larder's memcached protocol;
 - python-diskcache, a local library (no server, no network);
+- a minimal socket loop (no client library: what any client's speed is bounded by) against
+  larder's HTTP, larder's memcached protocol and memcached, 1 KiB only;
 - Django's cache API (`cache.set`, `cache.get`, 1 KiB) through larder's `LarderCache`, Django's
   `PyMemcacheCache` against larder's memcached port and against memcached, and diskcache's
   `DjangoCache`.
@@ -80,6 +82,52 @@ async def timed_async(n: int, tasks: int, f: Callable[[int], Any]) -> tuple[List
     return lat, time.perf_counter() - start
 
 
+def minimal_rows(n: int, value: bytes, http: int, mc_larder: int, mc: int) -> List[Dict[str, Any]]:
+    """What a client without any code of its own would get: a socket, the request prebuilt
+    but for the key, one ``sendall``, ``recv`` until the answer is whole. The bound that no
+    client library can pass against each server."""
+
+    def connect(port: int) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return s
+
+    def http_answer(s: socket.socket) -> None:
+        buf = s.recv(16384)
+        while b"\r\n\r\n" not in buf:
+            buf += s.recv(16384)
+        head, _, body = buf.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(body) < length:
+            body += s.recv(65536)
+
+    def until(s: socket.socket, end: bytes) -> None:
+        buf = s.recv(16384)
+        while not buf.endswith(end):
+            buf += s.recv(65536)
+
+    h, ml, m = connect(http), connect(mc_larder), connect(mc)
+    size = len(value)
+    ops: Dict[str, Dict[str, Callable[[int], Any]]] = {
+        "minimal socket loop → larder (HTTP)": {
+            "set": lambda i: (h.sendall(b"PUT /n/%d HTTP/1.1\r\nHost: b\r\nContent-Length: %d\r\n\r\n" % (i, size) + value), http_answer(h)),
+            "get": lambda i: (h.sendall(b"GET /n/%d HTTP/1.1\r\nHost: b\r\n\r\n" % i), http_answer(h)),
+        },
+    }
+    for name, s in (("minimal socket loop → larder (memcached protocol)", ml), ("minimal socket loop → memcached 1.6", m)):
+        ops[name] = {
+            "set": lambda i, s=s: (s.sendall(b"set n%d 0 0 %d\r\n" % (i, size) + value + b"\r\n"), until(s, b"\r\n")),
+            "get": lambda i, s=s: (s.sendall(b"get n%d\r\n" % i), until(s, b"END\r\n")),
+        }
+    rows = []
+    for name, fs in ops.items():
+        for op in ("set", "get"):
+            rows.append(stats(name + " (1 thread)", size, op, *timed_sync(n, fs[op])))
+    for s in (h, ml, m):
+        s.close()
+    return rows
+
+
 def django_rows(n: int, value: bytes, http: int, mc_larder: int, mc: int, tmp: str) -> List[Dict[str, Any]]:
     import django
     from django.conf import settings
@@ -150,6 +198,7 @@ def main() -> None:
             # Django's cache API (1 KiB only) through each backend: the same calls an
             # application makes, with Django's key making and pickling on top.
             if size <= 1024:
+                rows.extend(minimal_rows(n, value, http, mc_larder, mc))
                 rows.extend(django_rows(n, value, http, mc_larder, mc, tmp))
     finally:
         for p in procs:
