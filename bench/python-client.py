@@ -12,9 +12,10 @@ client"):
   `DjangoCache`.
 
 For 1 KiB and 64 KiB values: sets, then gets of the keys set, each timed; ops/s, p50 and p99
-per operation. Servers on core 1 (`taskset`), this process on core 0.
+per operation. The one-thread clients take turns (``interleaved``), so that their ratios hold
+on a machine whose speed drifts; the asyncio client runs on its own. Servers on core 1 (`taskset`), this process on core 0.
 
-usage: target/python/bin/python bench/python-client.py [--ops 20000] [--larder target/release/larder]
+usage: target/python/bin/python bench/python-client.py [--ops 20000] [--slices 20] [--larder target/release/larder]
 """
 
 from __future__ import annotations
@@ -68,6 +69,25 @@ def timed_sync(n: int, f: Callable[[int], Any]) -> tuple[List[float], float]:
     return lat, time.perf_counter() - start
 
 
+def interleaved(clients: Dict[str, Dict[str, Callable[[int], Any]]], size: int, n: int, slices: int) -> List[Dict[str, Any]]:
+    """Each client's sets, then each client's gets, ``n`` of each, taken in turns of ``n /
+    slices`` operations: a client's figures come from the same minutes as the others', so
+    the machine's drift (large here: a row run a minute later can be 30% slower) falls on
+    all of them alike."""
+    rows = []
+    for op in ("set", "get"):
+        lat: Dict[str, List[float]] = {name: [] for name in clients}
+        spent = dict.fromkeys(clients, 0.0)
+        step = max(1, n // slices)
+        for lo in range(0, n, step):
+            for name, ops in clients.items():
+                got, wall = timed_sync(min(step, n - lo), lambda i: ops[op](lo + i))
+                lat[name] += got
+                spent[name] += wall
+        rows += [stats(name, size, op, lat[name], spent[name]) for name in clients]
+    return rows
+
+
 async def timed_async(n: int, tasks: int, f: Callable[[int], Any]) -> tuple[List[float], float]:
     lat: List[float] = []
 
@@ -82,7 +102,7 @@ async def timed_async(n: int, tasks: int, f: Callable[[int], Any]) -> tuple[List
     return lat, time.perf_counter() - start
 
 
-def minimal_rows(n: int, value: bytes, http: int, mc_larder: int, mc: int) -> List[Dict[str, Any]]:
+def minimal(value: bytes, http: int, mc_larder: int, mc: int) -> Dict[str, Dict[str, Callable[[int], Any]]]:
     """What a client without any code of its own would get: a socket, the request prebuilt
     but for the key, one ``sendall``, ``recv`` until the answer is whole. The bound that no
     client library can pass against each server."""
@@ -109,26 +129,20 @@ def minimal_rows(n: int, value: bytes, http: int, mc_larder: int, mc: int) -> Li
     h, ml, m = connect(http), connect(mc_larder), connect(mc)
     size = len(value)
     ops: Dict[str, Dict[str, Callable[[int], Any]]] = {
-        "minimal socket loop → larder (HTTP)": {
+        "minimal socket loop → larder (HTTP) (1 thread)": {
             "set": lambda i: (h.sendall(b"PUT /n/%d HTTP/1.1\r\nHost: b\r\nContent-Length: %d\r\n\r\n" % (i, size) + value), http_answer(h)),
             "get": lambda i: (h.sendall(b"GET /n/%d HTTP/1.1\r\nHost: b\r\n\r\n" % i), http_answer(h)),
         },
     }
-    for name, s in (("minimal socket loop → larder (memcached protocol)", ml), ("minimal socket loop → memcached 1.6", m)):
+    for name, s in (("minimal socket loop → larder (memcached protocol) (1 thread)", ml), ("minimal socket loop → memcached 1.6 (1 thread)", m)):
         ops[name] = {
             "set": lambda i, s=s: (s.sendall(b"set n%d 0 0 %d\r\n" % (i, size) + value + b"\r\n"), until(s, b"\r\n")),
             "get": lambda i, s=s: (s.sendall(b"get n%d\r\n" % i), until(s, b"END\r\n")),
         }
-    rows = []
-    for name, fs in ops.items():
-        for op in ("set", "get"):
-            rows.append(stats(name + " (1 thread)", size, op, *timed_sync(n, fs[op])))
-    for s in (h, ml, m):
-        s.close()
-    return rows
+    return ops
 
 
-def django_rows(n: int, value: bytes, http: int, mc_larder: int, mc: int, tmp: str) -> List[Dict[str, Any]]:
+def django(value: bytes, http: int, mc_larder: int, mc: int, tmp: str) -> Dict[str, Dict[str, Callable[[int], Any]]]:
     import django
     from django.conf import settings
 
@@ -140,17 +154,22 @@ def django_rows(n: int, value: bytes, http: int, mc_larder: int, mc: int, tmp: s
             "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache", "LOCATION": f"127.0.0.1:{mc}"},
         "Django: diskcache.DjangoCache (local)": {"BACKEND": "diskcache.DjangoCache", "LOCATION": f"{tmp}/django-diskcache"},
     }
+    # A namespace each: two backends share larder's store, and their turns interleave.
+    for i, cfg in enumerate(backends.values()):
+        cfg["KEY_PREFIX"] = f"b{i}"
     if not settings.configured:
         settings.configure(CACHES={**{name: cfg for name, cfg in backends.items()}, "default": backends[next(iter(backends))]})
         django.setup()
     from django.core.cache import caches
 
-    rows = []
+    ops: Dict[str, Dict[str, Callable[[int], Any]]] = {}
     for name in backends:
         cache = caches[name]
-        for op, f in (("set", lambda i: cache.set(f"dj{i}", value, 600)), ("get", lambda i: cache.get(f"dj{i}"))):
-            rows.append(stats(name + " (1 thread)", len(value), op, *timed_sync(n, f)))
-    return rows
+        ops[name + " (1 thread)"] = {
+            "set": lambda i, cache=cache: cache.set(f"dj{i}", value, 600),
+            "get": lambda i, cache=cache: cache.get(f"dj{i}"),
+        }
+    return ops
 
 
 def main() -> None:
@@ -158,6 +177,7 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=20000)
     ap.add_argument("--larder", default="target/release/larder")
     ap.add_argument("--memcached", default="/usr/bin/memcached")
+    ap.add_argument("--slices", type=int, default=20, help="turns each comparison is taken in")
     a = ap.parse_args()
     os.sched_setaffinity(0, {0})
     tmp = tempfile.mkdtemp(prefix="larder-pybench-")
@@ -178,8 +198,24 @@ def main() -> None:
             value = os.urandom(size)
             n = a.ops if size <= 1024 else a.ops // 4
             c = larder.Client(f"http://127.0.0.1:{http}")
-            for op, f in (("set", lambda i: c.set(f"s{size}/{i}", value)), ("get", lambda i: c.get(f"s{size}/{i}"))):
-                rows.append(stats("larder Client (1 thread)", size, op, *timed_sync(n, f)))
+            d = diskcache.Cache(f"{tmp}/diskcache")
+            sync: Dict[str, Dict[str, Callable[[int], Any]]] = {
+                "larder Client (1 thread)": {"set": lambda i: c.set(f"s{size}/{i}", value), "get": lambda i: c.get(f"s{size}/{i}")},
+            }
+            for name, port in (("pymemcache → memcached 1.6", mc), ("pymemcache → larder (memcached protocol)", mc_larder)):
+                m = Memcache(("127.0.0.1", port), default_noreply=False)
+                sync[name + " (1 thread)"] = {
+                    "set": lambda i, m=m: m.set(f"m{size}-{i}", value),
+                    "get": lambda i, m=m: m.get(f"m{size}-{i}"),
+                }
+            sync["python-diskcache (local, 1 thread)"] = {
+                "set": lambda i: d.set(f"d{size}/{i}", value),
+                "get": lambda i: d.get(f"d{size}/{i}"),
+            }
+            if size <= 1024:
+                sync.update(minimal(value, http, mc_larder, mc))
+            rows.extend(interleaved(sync, size, n, a.slices))
+            d.close()
 
             async def run_async() -> None:
                 async with larder.AsyncClient(f"http://127.0.0.1:{http}") as ac:
@@ -187,28 +223,21 @@ def main() -> None:
                         rows.append(stats("larder AsyncClient (64 tasks)", size, op, *(await timed_async(n, 64, f))))
 
             asyncio.run(run_async())
-            for name, port in (("pymemcache → memcached 1.6", mc), ("pymemcache → larder (memcached protocol)", mc_larder)):
-                m = Memcache(("127.0.0.1", port), default_noreply=False)
-                for op, f in (("set", lambda i: m.set(f"m{size}-{i}", value)), ("get", lambda i: m.get(f"m{size}-{i}"))):
-                    rows.append(stats(name + " (1 thread)", size, op, *timed_sync(n, f)))
-            d = diskcache.Cache(f"{tmp}/diskcache")
-            for op, f in (("set", lambda i: d.set(f"d{size}/{i}", value)), ("get", lambda i: d.get(f"d{size}/{i}"))):
-                rows.append(stats("python-diskcache (local, 1 thread)", size, op, *timed_sync(n, f)))
-            d.close()
             # Django's cache API (1 KiB only) through each backend: the same calls an
             # application makes, with Django's key making and pickling on top.
             if size <= 1024:
-                rows.extend(minimal_rows(n, value, http, mc_larder, mc))
-                rows.extend(django_rows(n, value, http, mc_larder, mc, tmp))
+                rows.extend(interleaved(django(value, http, mc_larder, mc, tmp), size, n, a.slices))
     finally:
         for p in procs:
             p.terminate()
             p.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
-    print("| client | value | op | ops/s | p50 µs | p99 µs |")
-    print("|---|---|---|---|---|---|")
+    peer = {(r["size"], r["op"]): r["ops"] for r in rows if r["client"] == "pymemcache → memcached 1.6 (1 thread)"}
+    print("| client | value | op | ops/s | ÷ pymemcache → memcached | p50 µs | p99 µs |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['client']} | {r['size'] >> 10} KiB | {r['op']} | {r['ops']:.0f} | {r['p50_us']:.0f} | {r['p99_us']:.0f} |")
+        ratio = r["ops"] / peer[(r["size"], r["op"])]
+        print(f"| {r['client']} | {r['size'] >> 10} KiB | {r['op']} | {r['ops']:.0f} | {ratio:.2f} | {r['p50_us']:.0f} | {r['p99_us']:.0f} |")
     sys.stdout.flush()
 
 
