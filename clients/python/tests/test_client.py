@@ -97,6 +97,12 @@ def test_a_node_that_never_answers_fails_the_call_within_the_timeout(make: Calla
         make("http://127.0.0.1:1", timeout=0)
 
 
+def test_no_timeout_and_keys_of_any_bytes_type(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url, timeout=None)  # no bound
+    c.set(bytearray(b"ba/1"), b"v")  # not hashable: not remembered, still a key
+    assert c.get(b"ba/1") == b"v" and c.get(bytearray(b"ba/1")) == b"v" and c.get("ba/1") == b"v"
+
+
 def test_get_or_set_computes_once_per_key_and_survives_a_node_down(node: Node, make: Callable[..., Any]) -> None:
     c = make(node.url, serializer="pickle")
     calls: List[int] = []

@@ -33,7 +33,7 @@ class AsyncClient(Routing):
         url_or_urls: Union[str, Sequence[str]],
         *,
         token: Optional[str] = None,
-        timeout: float = 5.0,
+        timeout: Optional[float] = 5.0,
         serializer: Union[None, str, Serializer] = None,
         miss_on_unavailable: bool = True,
         pool_size: int = 64,

@@ -12,19 +12,19 @@ from typing import Awaitable, Dict, List, Optional, Tuple, TypeVar
 from urllib.parse import urlsplit
 
 from ._errors import Unavailable
-from ._wire import Response, _field
+from ._wire import Response, _field, checked_timeout
 
 T = TypeVar("T")
 
 if sys.version_info >= (3, 11):
 
-    async def _within(seconds: float, aw: Awaitable[T]) -> T:
+    async def _within(seconds: Optional[float], aw: Awaitable[T]) -> T:
         async with asyncio.timeout(seconds):
             return await aw
 
 else:  # pragma: no cover - older Pythons
 
-    async def _within(seconds: float, aw: Awaitable[T]) -> T:
+    async def _within(seconds: Optional[float], aw: Awaitable[T]) -> T:
         return await asyncio.wait_for(aw, seconds)
 
 
@@ -46,10 +46,8 @@ class _Node:
 class AWire:
     """Keep-alive streams to each node, for one event loop."""
 
-    def __init__(self, timeout: float, size: int) -> None:
-        if not timeout > 0:
-            raise ValueError(f"timeout is a number of seconds above 0, not {timeout!r}")
-        self._timeout = timeout
+    def __init__(self, timeout: Optional[float], size: int) -> None:
+        self._timeout = checked_timeout(timeout)
         self._size = size
         self._nodes: Dict[str, _Node] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None

@@ -43,12 +43,20 @@ def canonical(key: Key) -> str:
     return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in raw)
 
 
-@functools.lru_cache(maxsize=1 << 14)
 def request_path(key: Key) -> Tuple[str, bytes]:
     """``canonical(key)``, and the request target it makes (``/`` and the path, as bytes):
-    remembered for the keys used most, as a key is used again and again."""
+    remembered for the 4096 keys used last, as a key is used again and again."""
+    if type(key) is str or type(key) is bytes:
+        return _remembered(key)
+    return _request_path(key)  # a bytearray, say: not hashable
+
+
+def _request_path(key: Key) -> Tuple[str, bytes]:
     path = canonical(key)
     return path, b"/" + path.encode("ascii")
+
+
+_remembered = functools.lru_cache(maxsize=4096)(_request_path)
 
 
 def _split_server(server: bytes) -> Tuple[bytes, bytes]:

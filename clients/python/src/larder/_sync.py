@@ -29,8 +29,8 @@ class Client(Routing):
     """A client of one larder node, or of several (each key goes to the node nginx's consistent
     hash would pick: docs/CLUSTER.md).
 
-    ``timeout`` bounds connecting and each read, in seconds. ``token`` is sent as
-    ``Authorization: Bearer``. ``serializer``: ``None`` (bytes), ``"pickle"``, ``"json"``, or
+    ``timeout`` bounds connecting and each send and read, in seconds (None: no bound).
+    ``token`` is sent as ``Authorization: Bearer``. ``serializer``: ``None`` (bytes), ``"pickle"``, ``"json"``, or
     any object with ``dumps``/``loads``. ``miss_on_unavailable``: whether ``get_or_set`` and
     ``memoize`` treat a node that cannot answer as a miss (compute, try to store, return), and
     ``get_many``/``set_many`` its keys as misses / keys not stored, rather than raise
@@ -42,7 +42,7 @@ class Client(Routing):
         url_or_urls: Union[str, Sequence[str]],
         *,
         token: Optional[str] = None,
-        timeout: float = 5.0,
+        timeout: Optional[float] = 5.0,
         serializer: Union[None, str, Serializer] = None,
         miss_on_unavailable: bool = True,
         pool_size: int = 32,

@@ -61,13 +61,11 @@ class _Conn:
 class Wire:
     """Keep-alive sockets to each node, at most ``size`` idle per node, shared by threads."""
 
-    def __init__(self, timeout: float, size: int) -> None:
-        if not timeout > 0:
-            raise ValueError(f"timeout is a number of seconds above 0, not {timeout!r}")
-        self._timeout = timeout
+    def __init__(self, timeout: Optional[float], size: int) -> None:
+        self._timeout = checked_timeout(timeout)
         # A timeval; at least 1 us, as 0 would mean no bound at all.
-        whole, micros = divmod(max(1, round(timeout * 1e6)), 1_000_000)
-        self._tv = struct.pack("ll", whole, micros)
+        whole, micros = divmod(max(1, round(timeout * 1e6)), 1_000_000) if timeout is not None else (0, 0)
+        self._tv = struct.pack("ll", whole, micros) if timeout is not None else None
         self._size = size
         self._idle: Dict[str, Deque[_Conn]] = {}
         self._addr: Dict[str, Tuple[str, int]] = {}
@@ -135,13 +133,18 @@ class Wire:
             s = socket.create_connection(addr, timeout=self._timeout)
         except OSError as e:
             raise Unavailable(f"{node}: {e}") from e
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # Sends and reads are bounded by the kernel (SO_SNDTIMEO / SO_RCVTIMEO) on a blocking
-        # socket: Python's own timeout polls before every send and every read, two more
-        # system calls a request. A bound that runs out fails the call with EAGAIN.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, self._tv)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, self._tv)
-        s.settimeout(None)
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # Sends and reads are bounded by the kernel (SO_SNDTIMEO / SO_RCVTIMEO) on a
+            # blocking socket: Python's own timeout polls before every send and every read,
+            # two more system calls a request. A bound that runs out fails the call with
+            # EAGAIN. Where the kernel takes no such timeval, Python's timeout stays.
+            if self._tv is not None:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, self._tv)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, self._tv)
+            s.settimeout(None)
+        except OSError:
+            s.settimeout(self._timeout)
         return _Conn(s)
 
     def _exchange(self, node: str, c: _Conn, msg: bytes, method: bytes, path: bytes, reused: bool) -> Response:
@@ -176,7 +179,7 @@ class Wire:
         if reusable:
             idle = self._idle.get(node)
             if idle is None:
-                idle = self._idle[node] = deque()
+                idle = self._idle.setdefault(node, deque())  # one step: threads may race here
             if len(idle) < self._size:
                 idle.append(c)
             else:
@@ -265,6 +268,13 @@ def _to_eof(s: socket.socket, buf: bytes) -> bytes:
         if not more:
             return b"".join(parts)
         parts.append(more)
+
+
+def checked_timeout(timeout: Optional[float]) -> Optional[float]:
+    """A client's ``timeout``: seconds above 0, or None for no bound."""
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout is a number of seconds above 0 (or None: no bound), not {timeout!r}")
+    return timeout
 
 
 def header_lines(headers: Dict[str, str]) -> bytes:
