@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Server CPU per request, larder against memcached (BENCHMARKS.md, issue 33, "Second pass"):
+one connection, one request at a time, 1 KiB values, the servers on core 1 and this process on
+core 0. For each server and kind of request, the user and system CPU time the server's
+threads spent (from /proc), divided by the requests made, and the round trip. The kinds take
+turns in slices, so that drift falls on all alike.
+
+usage: target/python/bin/python bench/server-cpu.py [--ops 40000] [--larder target/release/larder]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Callable, Dict, List, Tuple
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def connect(port: int) -> socket.socket:
+    deadline = time.time() + 30
+    while True:
+        try:
+            s = socket.create_connection(("127.0.0.1", port))
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return s
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def cpu(pid: int) -> Tuple[float, float]:
+    """User and system seconds of all of ``pid``'s threads."""
+    user = system = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        user, system = user + int(fields[11]), system + int(fields[12])
+    return user / TICK, system / TICK
+
+
+def until(s: socket.socket, done: Callable[[bytes], bool]) -> None:
+    buf = s.recv(65536)
+    while not done(buf):
+        more = s.recv(65536)
+        if not more:
+            raise ConnectionError("the server closed the connection")
+        buf += more
+
+
+def http_done(buf: bytes) -> bool:
+    head, sep, body = buf.partition(b"\r\n\r\n")
+    return bool(sep) and len(body) >= int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", type=int, default=40000)
+    ap.add_argument("--slices", type=int, default=20)
+    ap.add_argument("--larder", default="target/release/larder")
+    ap.add_argument("--memcached", default="/usr/bin/memcached")
+    a = ap.parse_args()
+    os.sched_setaffinity(0, {0})
+    tmp = tempfile.mkdtemp(prefix="larder-cpu-")
+    http, mc_larder, mc = free_port(), free_port(), free_port()
+    larder = subprocess.Popen(["taskset", "-c", "1", a.larder, "serve", "--listen", f"127.0.0.1:{http}",
+                               "--memcache-listen", f"127.0.0.1:{mc_larder}", "--data-dir", f"{tmp}/larder",
+                               "--volume-size", "256MiB", "--volume-count", "8", "--log-level", "error"],
+                              stdout=subprocess.DEVNULL)
+    memcached = subprocess.Popen(["taskset", "-c", "1", a.memcached, "-l", "127.0.0.1", "-p", str(mc), "-U", "0",
+                                  "-t", "1", "-m", "1024", "-u", "nobody"], stdout=subprocess.DEVNULL)
+    value = os.urandom(1024)
+    keys = 2000  # the same keys again and again: gets are hits in larder's memory tier
+    try:
+        h, ml, m = connect(http), connect(mc_larder), connect(mc)
+        kinds: Dict[str, Tuple[int, Callable[[int], None]]] = {
+            "larder HTTP PUT": (larder.pid, lambda i: (h.sendall(
+                b"PUT /c/%d HTTP/1.1\r\nHost: b\r\nContent-Length: 1024\r\n\r\n" % i + value), until(h, http_done))[1]),
+            "larder HTTP GET": (larder.pid, lambda i: (h.sendall(b"GET /c/%d HTTP/1.1\r\nHost: b\r\n\r\n" % i),
+                                                       until(h, http_done))[1]),
+        }
+        for name, pid, s in (("larder memcached", larder.pid, ml), ("memcached", memcached.pid, m)):
+            kinds[f"{name} set"] = (pid, lambda i, s=s: (s.sendall(b"set c%d 0 0 1024\r\n" % i + value + b"\r\n"),
+                                                         until(s, lambda b: b.endswith(b"\r\n")))[1])
+            kinds[f"{name} get"] = (pid, lambda i, s=s: (s.sendall(b"get c%d\r\n" % i),
+                                                         until(s, lambda b: b.endswith(b"END\r\n")))[1])
+        for _, f in kinds.values():  # every key stored, and read once, before anything is timed
+            for i in range(keys):
+                f(i)
+        spent: Dict[str, List[float]] = {k: [0.0, 0.0, 0.0] for k in kinds}
+        step = a.ops // a.slices
+        for lo in range(0, a.ops, step):
+            for name, (pid, f) in kinds.items():
+                u0, s0 = cpu(pid)
+                t0 = time.perf_counter()
+                for i in range(lo, lo + step):
+                    f(i % keys)
+                t1 = time.perf_counter()
+                u1, s1 = cpu(pid)
+                spent[name][0] += u1 - u0
+                spent[name][1] += s1 - s0
+                spent[name][2] += t1 - t0
+    finally:
+        for p in (larder, memcached):
+            p.terminate()
+            p.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)
+    n = step * a.slices
+    print("| request (1 KiB) | server user µs | server system µs | round trip µs |")
+    print("|---|---|---|---|")
+    for name, (u, s, w) in spent.items():
+        print(f"| {name} | {u / n * 1e6:.1f} | {s / n * 1e6:.1f} | {w / n * 1e6:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
