@@ -104,6 +104,13 @@ pub enum Expiry {
     /// At this time, ms since the Unix epoch; a time already past (or 0) stores a value that is
     /// expired at once.
     At(u64),
+    /// A put's: the expiry of the live value it replaces, as it stands under the writer lock
+    /// (so that a touch just before is kept, never undone); with none, `otherwise` after the
+    /// write (`None`: never). Anywhere else it means its `otherwise`.
+    Keep {
+        /// The expiry of a write that replaces no live value: this long after it, or never.
+        otherwise: Option<std::time::Duration>,
+    },
 }
 
 impl Expiry {
@@ -114,6 +121,7 @@ impl Expiry {
             Expiry::After(t) if t.is_zero() => 1,
             Expiry::After(t) => now.max(1).saturating_add(t.as_millis() as u64),
             Expiry::At(ms) => ms.max(1),
+            Expiry::Keep { otherwise } => otherwise.map_or(Expiry::Never, Expiry::After).at_ms(now),
         }
     }
 

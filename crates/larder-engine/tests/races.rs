@@ -255,3 +255,36 @@ fn a_delete_whose_key_is_written_between_its_read_and_the_lock_reads_again() {
         "the DELETE answered 200 and left a newer value"
     );
 }
+
+/// A put with `Expiry::Keep` (HTTP's `X-TTL: keep`) keeps the expiry of the value it replaces
+/// as it stands under the writer lock: a touch that lands between the put's read of the key and
+/// the lock is kept, never undone. With no value to keep, the put's `otherwise` applies.
+#[test]
+fn a_put_that_keeps_the_expiry_keeps_a_touch_made_between_its_read_and_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(config(dir.path())).unwrap();
+    let opts = |expiry| PutOptions { expiry, ..Default::default() };
+    let left_ms = |key: &[u8]| {
+        let v = store.get(key, &ReadOptions::default()).unwrap().expect("the key has a value");
+        v.expiry_ms.saturating_sub(larder_engine::now_ms())
+    };
+    store.put(b"keep-k", b"v0", &opts(Expiry::After(Duration::from_secs(100)))).unwrap();
+    std::thread::scope(|s| {
+        let looked = pause::arm("write.looked", b"keep-k");
+        let put = s.spawn(|| store.put(b"keep-k", b"v1", &opts(Expiry::Keep { otherwise: None })));
+        assert!(looked.wait_arrived(ARRIVAL), "the put never read the key");
+        store.touch(b"keep-k", Expiry::After(Duration::from_secs(5000))).unwrap().expect("touched");
+        looked.release();
+        put.join().unwrap().unwrap();
+    });
+    assert_eq!(data(&store, b"keep-k").as_deref(), Some(&b"v1"[..]));
+    let left = left_ms(b"keep-k");
+    assert!(left > 4_000_000, "the touch's expiry was undone: {left} ms left");
+
+    let otherwise = Expiry::Keep { otherwise: Some(Duration::from_secs(60)) };
+    store.put(b"keep-new", b"n", &opts(otherwise)).unwrap();
+    assert!((50_000..=60_000).contains(&left_ms(b"keep-new")), "no value to keep: `otherwise` applies");
+    store.put(b"keep-never", b"n", &opts(Expiry::Keep { otherwise: None })).unwrap();
+    let v = store.get(b"keep-never", &ReadOptions::default()).unwrap().unwrap();
+    assert_eq!(v.expiry_ms, 0, "no value to keep, no otherwise: never expires");
+}

@@ -158,9 +158,9 @@ fn too_large(limit: u64) -> Resp {
 
 /// What a PUT asks for besides its body, read from its headers before the body.
 struct PutHeaders {
+    /// `X-TTL: keep` is `Expiry::Keep`: the value keeps the expiry of the one it replaces, as
+    /// it stands when the write takes the writer lock.
     expiry: Expiry,
-    /// `X-TTL: keep`: the value keeps the expiry of the one it replaces.
-    keep: bool,
     content_type: Option<Bytes>,
     preconditions: Vec<Precondition>,
 }
@@ -169,11 +169,10 @@ impl PutHeaders {
     /// The headers, or the one-line message of a 400.
     fn parse(h: &HeaderMap, settings: &Settings) -> Result<PutHeaders, String> {
         let keep = h.get(&headers::X_TTL).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"keep"));
-        let ttl = match keep {
-            true => (!settings.default_ttl.is_zero()).then_some(settings.default_ttl),
-            false => headers::ttl(h, settings.default_ttl)?,
+        let expiry = match keep {
+            true => Expiry::Keep { otherwise: (!settings.default_ttl.is_zero()).then_some(settings.default_ttl) },
+            false => headers::ttl(h, settings.default_ttl)?.map_or(Expiry::Never, Expiry::After),
         };
-        let expiry = ttl.map_or(Expiry::Never, Expiry::After);
         let content_type = match h.get(CONTENT_TYPE) {
             Some(t) if t.len() > MAX_CONTENT_TYPE => {
                 return Err(format!("Content-Type longer than {} bytes\n", MAX_CONTENT_TYPE));
@@ -184,7 +183,7 @@ impl PutHeaders {
             }
             _ => None,
         };
-        Ok(PutHeaders { expiry, keep, content_type, preconditions: headers::write_preconditions(h) })
+        Ok(PutHeaders { expiry, content_type, preconditions: headers::write_preconditions(h) })
     }
 
     fn options(&self) -> PutOptions<'_> {
@@ -203,16 +202,14 @@ impl PutHeaders {
 /// PUT: its headers and preconditions checked, then room in the body budget, then the body,
 /// then the write.
 pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Option<Held>) -> Resp {
-    let mut extra = match PutHeaders::parse(req.headers(), &app.settings) {
+    let extra = match PutHeaders::parse(req.headers(), &app.settings) {
         Ok(p) => p,
         Err(m) => return text_owned(StatusCode::BAD_REQUEST, m),
     };
     // A write that is bound to fail its precondition is refused before its body is read
     // (with `Expect: 100-continue` the client does not even send it). The engine checks
-    // again, atomically with the write. `X-TTL: keep` reads the expiry it keeps here too: that
-    // of the value the ETag of an `If-Match` names, as read just before the write (a touch of
-    // the key in between keeps the version, and its new expiry is then undone).
-    if !extra.preconditions.is_empty() || extra.keep {
+    // again, atomically with the write.
+    if !extra.preconditions.is_empty() {
         let store = app.store.get().expect("store is ready before writes are routed");
         let current = match read(app, store, &key, Part::Nothing).await {
             Ok(v) => v,
@@ -220,9 +217,6 @@ pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Opt
         };
         if let Some(why) = larder_engine::unmet(&extra.preconditions, current.as_ref().map(|v| v.version())) {
             return text_owned(StatusCode::PRECONDITION_FAILED, format!("precondition failed: {why}\n"));
-        }
-        if let Some(v) = current.filter(|_| extra.keep) {
-            extra.expiry = if v.expiry_ms == 0 { Expiry::Never } else { Expiry::At(v.expiry_ms) };
         }
     }
     // The store's own limit: it lowers a setting above a quarter of its ring.

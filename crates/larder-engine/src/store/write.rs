@@ -13,7 +13,7 @@ use crate::format::record::{self, Header, FLAG_CHUNK, FLAG_HEAD, FLAG_TOMBSTONE,
 use crate::format::volume::VOLUME_HEADER_LEN;
 use crate::index::Loc;
 use crate::memory::{Cached, Settled};
-use crate::types::{Part, Position, Precondition, PutOptions, Stored, Touch, Version};
+use crate::types::{Expiry, Part, Position, Precondition, PutOptions, Stored, Touch, Version};
 use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -61,8 +61,9 @@ impl Upload {
 /// What the index names for a key, as [`Store::lock_current`] saw it before the writer lock.
 struct Current {
     loc: Option<Loc>,
-    /// The version of the key's live value there (not a tombstone, expired or another key's).
-    live: Option<Version>,
+    /// The version of the key's live value there (not a tombstone, expired or another key's),
+    /// and its expiry time.
+    live: Option<(Version, u64)>,
 }
 
 /// A header stamped now; `append` sets the generation and the encoder the lengths.
@@ -149,7 +150,7 @@ impl Store {
                 (true, Some(l)) => match sh.fetch_part(hash, l, key, Part::Nothing, !wait)? {
                     Got::WouldBlock => return Ok(None),
                     Got::Gone => None,
-                    Got::Value(v, _) => Some(v.version()),
+                    Got::Value(v, _) => Some((v.version(), v.expiry_ms)),
                 },
                 _ => None,
             };
@@ -296,7 +297,8 @@ impl Store {
                 stale: opts.stale,
             });
         let mut header = new_header(flags);
-        let looked = !opts.preconditions.is_empty();
+        let keep = matches!(opts.expiry, Expiry::Keep { .. });
+        let looked = !opts.preconditions.is_empty() || keep;
         let (pos, seen, seq, before, other) = {
             let Some((mut w, current)) = self.lock_current(hash, key, looked, wait, record_len)? else {
                 return Ok(None);
@@ -318,7 +320,8 @@ impl Store {
             // ahead of the clock after it stepped back.
             let now = now_ms();
             let capped;
-            (header.expiry_ms, capped) = self.capped(key, opts.expiry.at_ms(now), now);
+            let kept = keep.then(|| self.current(key, current.live)).flatten().map(|(_, expiry_ms)| expiry_ms);
+            (header.expiry_ms, capped) = self.capped(key, kept.unwrap_or_else(|| opts.expiry.at_ms(now)), now);
             let rec = Append { header, key, meta: &meta_block, value, value_crc };
             let Some((pos, loc)) = sh.append(&mut w, wait, &rec)? else {
                 return Ok(None);
@@ -593,9 +596,10 @@ impl Store {
         }
     }
 
-    /// The current version of `key`, under the writer lock (`indexed` is what its index entry
-    /// names, read before the lock by [`Store::lock_current`]).
-    fn current_version(&self, key: &[u8], indexed: Option<Version>) -> Option<Version> {
+    /// The version and expiry time of `key`'s current value, under the writer lock
+    /// (`indexed` is what its index entry names, read before the lock by
+    /// [`Store::lock_current`]).
+    fn current(&self, key: &[u8], indexed: Option<(Version, u64)>) -> Option<(Version, u64)> {
         if indexed.is_some() {
             return indexed;
         }
@@ -603,20 +607,18 @@ impl Store {
         // key from memory under the writer lock, so what it holds here is current.
         let now = now_ms();
         let cached = self.memory.as_ref().and_then(|m| m.get(key));
-        cached.filter(|c| !self.disk.dead(c.stored_ms, c.expiry_ms, now)).map(|c| Version {
-            len: c.data.len() as u64,
-            crc: c.crc,
-            stored_ms: c.stored_ms,
-        })
+        cached
+            .filter(|c| !self.disk.dead(c.stored_ms, c.expiry_ms, now))
+            .map(|c| (Version { len: c.data.len() as u64, crc: c.crc, stored_ms: c.stored_ms }, c.expiry_ms))
     }
 
     /// Fails unless every precondition holds for the current value of `key`. Under the writer
-    /// lock; `indexed` as for [`Store::current_version`].
-    fn check(&self, key: &[u8], preconditions: &[Precondition], indexed: Option<Version>) -> Result<()> {
+    /// lock; `indexed` as for [`Store::current`].
+    fn check(&self, key: &[u8], preconditions: &[Precondition], indexed: Option<(Version, u64)>) -> Result<()> {
         if preconditions.is_empty() {
             return Ok(());
         }
-        match crate::types::unmet(preconditions, self.current_version(key, indexed)) {
+        match crate::types::unmet(preconditions, self.current(key, indexed).map(|(v, _)| v)) {
             None => Ok(()),
             Some(why) => Err(Error::new(ErrorKind::PreconditionFailed, why)),
         }
