@@ -96,6 +96,8 @@ def main() -> None:
                                                          until(s, lambda b: b.endswith(b"\r\n")))[1])
             kinds[f"{name} get"] = (pid, lambda i, s=s: (s.sendall(b"get c%d\r\n" % i),
                                                          until(s, lambda b: b.endswith(b"END\r\n")))[1])
+            kinds[f"{name} meta ms"] = (pid, lambda i, s=s: (s.sendall(b"ms c%d 1024\r\n" % i + value + b"\r\n"),
+                                                             until(s, lambda b: b.endswith(b"\r\n")))[1])
         for _, f in kinds.values():  # every key stored, and read once, before anything is timed
             for i in range(keys):
                 f(i)
