@@ -63,9 +63,10 @@ class Wire:
 
     def __init__(self, timeout: Optional[float], size: int) -> None:
         self._timeout = checked_timeout(timeout)
-        # A timeval; at least 1 us, as 0 would mean no bound at all.
-        whole, micros = divmod(max(1, round(timeout * 1e6)), 1_000_000) if timeout is not None else (0, 0)
-        self._tv = struct.pack("ll", whole, micros) if timeout is not None else None
+        self._tv: Optional[bytes] = None
+        if timeout is not None:
+            # A timeval; at least 1 us, as 0 would mean no bound at all.
+            self._tv = struct.pack("ll", *divmod(max(1, round(timeout * 1e6)), 1_000_000))
         self._size = size
         self._idle: Dict[str, Deque[_Conn]] = {}
         self._addr: Dict[str, Tuple[str, int]] = {}
