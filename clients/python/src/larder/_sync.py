@@ -30,8 +30,8 @@ class Client(Routing):
     hash would pick: docs/CLUSTER.md).
 
     ``timeout`` bounds connecting and each send and read, in seconds (None: no bound).
-    ``token`` is sent as ``Authorization: Bearer``. ``serializer``: ``None`` (bytes), ``"pickle"``, ``"json"``, or
-    any object with ``dumps``/``loads``. ``miss_on_unavailable``: whether ``get_or_set`` and
+    ``token`` is sent as ``Authorization: Bearer``. ``serializer``: ``None`` (bytes),
+    ``"pickle"``, ``"json"``, or any object with ``dumps``/``loads``. ``miss_on_unavailable``: whether ``get_or_set`` and
     ``memoize`` treat a node that cannot answer as a miss (compute, try to store, return), and
     ``get_many``/``set_many`` its keys as misses / keys not stored, rather than raise
     ``Unavailable``: a cache outage must not become an application outage.
@@ -413,9 +413,15 @@ def _message(r: Any) -> str:
         return ""
 
 
+def _ttl_secs(ttl: float) -> int:
+    """Whole seconds, rounded up; 0 (or less) is no expiry, larder's meaning, which overrides
+    its --default-ttl."""
+    return 0 if ttl <= 0 else math.ceil(ttl)
+
+
 def _ttl_line(ttl: float) -> bytes:
     """``_ttl``'s header as a request line."""
-    return b"X-TTL: %d\r\n" % (0 if ttl <= 0 else math.ceil(ttl))
+    return b"X-TTL: %d\r\n" % _ttl_secs(ttl)
 
 
 def _ttl(ttl: Optional[float]) -> Dict[str, str]:
@@ -423,7 +429,7 @@ def _ttl(ttl: Optional[float]) -> Dict[str, str]:
     overrides its --default-ttl); none when ``ttl`` is None (the server's default applies)."""
     if ttl is None:
         return {}
-    return {"X-TTL": str(0 if ttl <= 0 else math.ceil(ttl))}
+    return {"X-TTL": str(_ttl_secs(ttl))}
 
 
 def _had_value(r: Any, method: str) -> bool:
