@@ -17,7 +17,7 @@
 //!
 //! The modules form layers, each using only those listed before it (docs/ARCHITECTURE.md;
 //! `tests/architecture.rs` keeps it so): `error`, `pause`; `types`, `config`, `clock`,
-//! `stats`; `format`; `io`; `index`; `disk`; `recovery`; `memory`; `maintenance`; `store`;
+//! `stats`; `format`; `io`, `twins`; `index`; `disk`; `recovery`; `memory`; `maintenance`; `store`;
 //! `check`.
 
 mod clock;
@@ -30,6 +30,8 @@ mod types;
 pub mod format;
 
 mod io;
+
+pub mod twins;
 
 mod index;
 

@@ -11,7 +11,7 @@ const LAYERS: &[&[&str]] = &[
     &["error", "pause"],
     &["types", "config", "clock", "stats"],
     &["format"],
-    &["io"],
+    &["io", "twins"],
     &["index"],
     &["disk"],
     &["recovery"],

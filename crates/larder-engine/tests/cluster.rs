@@ -175,3 +175,45 @@ fn keys_lists_each_live_key_once_with_its_length() {
     s.flush_all(Duration::ZERO).unwrap();
     assert_eq!(s.keys(|_| true).unwrap(), 0);
 }
+
+/// Issue 39's second defect: with `max_downtime` 0 s and syncs every second, a disk whose
+/// syncs take 3.5 s under a burst of writes is slow, not a process that did not run. Before,
+/// the syncer held the lock the alive stamp's thread waits on for its whole sync, and the
+/// store flushed itself. Nothing written may be lost, running or across a graceful restart
+/// (the kill -9 restart: the server's tests/restart.rs).
+#[test]
+fn a_slow_fsync_under_a_write_burst_never_flushes_a_running_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = |max: u64| StoreConfig {
+        volume_size: 8 << 20,
+        volume_count: 8,
+        max_downtime: Some(Duration::from_secs(max)),
+        fsync: FsyncPolicy::Every(Duration::from_secs(1)),
+        ..config(dir.path())
+    };
+    let s = Store::open(cfg(0)).unwrap();
+    s.put(b"first", b"before the burst", &PutOptions::default()).unwrap();
+    larder_engine::faults::inject(dir.path(), larder_engine::faults::Rule::parse("sync delay ms=3500").unwrap())
+        .unwrap();
+    let value = vec![5u8; 64 << 10];
+    let (started, mut n, mut held) = (std::time::Instant::now(), 0u32, false);
+    while started.elapsed() < Duration::from_secs(6) || !held {
+        s.put(format!("burst/{n}").as_bytes(), &value, &PutOptions::default()).unwrap();
+        n += 1;
+        held |= larder_engine::faults::delayed() > 0;
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(started.elapsed() < Duration::from_secs(30), "no sync was ever held up");
+    }
+    let st = s.stats();
+    assert_eq!(st.downtime_flushes, 0, "flushed a store that ran all along: {st:?}");
+    let all_there = |s: &Store| {
+        s.get(b"first", &Default::default()).unwrap().is_some()
+            && (0..n).all(|i| s.get(format!("burst/{i}").as_bytes(), &Default::default()).unwrap().is_some())
+    };
+    assert!(all_there(&s), "{n} values written");
+    drop(s);
+    larder_engine::faults::clear(dir.path());
+    let s = Store::open(cfg(60)).unwrap();
+    assert!(!s.stats().recovery.started_empty);
+    assert!(all_there(&s), "{n} values after a restart");
+}

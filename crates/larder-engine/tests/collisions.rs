@@ -4,7 +4,14 @@
 //! of it pays one extra disk read (`collision_reads`) and answers a miss; a write of it evicts
 //! the other key (`false_evictions`), which then reads as a miss, never as the wrong value.
 
-use larder_engine::{PutOptions, ReadOptions, Store, StoreConfig};
+use larder_engine::{faults, twins, DeleteOptions, Expiry, FsyncPolicy, PutOptions, ReadOptions, Store, StoreConfig};
+
+struct Faulty<'a>(&'a std::path::Path);
+impl Drop for Faulty<'_> {
+    fn drop(&mut self) {
+        faults::clear(self.0);
+    }
+}
 
 #[test]
 fn indistinguishable_keys_cost_a_read_and_evict_each_other_counted() {
@@ -48,4 +55,103 @@ fn indistinguishable_keys_cost_a_read_and_evict_each_other_counted() {
     // An overwrite of a key by itself is no false eviction.
     store.put(lost[0].as_bytes(), b"again", &PutOptions::default()).unwrap();
     assert_eq!(store.stats().false_evictions, 2);
+}
+
+/// How a test store stops before it is opened again.
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    /// `close`: hint files and checkpoints are written, recovery loads them.
+    Graceful,
+    /// A power cut with every write synced before it was acknowledged: no checkpoint for
+    /// the active volume, recovery scans it.
+    Crash,
+}
+
+fn twin_config(dir: &std::path::Path, fsync: FsyncPolicy) -> StoreConfig {
+    StoreConfig { fsync, ..StoreConfig::new(dir) }
+}
+
+fn restart(dir: &std::path::Path, store: Store, how: Stop) -> Store {
+    match how {
+        Stop::Graceful => {
+            store.close().unwrap();
+            drop(store);
+        }
+        Stop::Crash => {
+            faults::power_cut(dir).unwrap();
+            drop(store);
+            faults::clear(dir);
+        }
+    }
+    Store::open(twin_config(dir, FsyncPolicy::Always)).unwrap()
+}
+
+fn value(store: &Store, key: &str) -> Option<Vec<u8>> {
+    store.get(key.as_bytes(), &ReadOptions::default()).unwrap().map(|v| v.data.to_vec())
+}
+
+/// Issue 39's first defect and its neighbours, on keys that share an entry. Each pair is
+/// ordered by hash, so that both orders are played: recovery must hand a shared entry to the
+/// newer record, not to the larger hash.
+#[test]
+fn a_delete_of_a_key_whose_entry_another_took_survives_every_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = {
+        Store::open(twin_config(dir.path(), FsyncPolicy::Always)).unwrap().close().unwrap();
+        twins::seed(dir.path()).expect("the store's manifest names its seed")
+    };
+    let by_hash = |(x, y): (String, String)| {
+        if twins::hash(seed, x.as_bytes()) < twins::hash(seed, y.as_bytes()) {
+            (x, y)
+        } else {
+            (y, x)
+        }
+    };
+    let pairs: Vec<(String, String)> =
+        twins::find(seed, "twin/", twins::DEFAULT_RING_BITS, 4).into_iter().map(by_hash).collect();
+    let (put, del) = (PutOptions::default(), DeleteOptions::default());
+    let _f = Faulty(dir.path());
+    faults::track(dir.path()).unwrap();
+    let mut store = Store::open(twin_config(dir.path(), FsyncPolicy::Always)).unwrap();
+    for (round, how) in [Stop::Graceful, Stop::Crash].into_iter().enumerate() {
+        // A written, held in memory, then B takes its entry; A is deleted: larger hash first,
+        // then smaller first.
+        let deleted = [(&pairs[0].1, &pairs[0].0), (&pairs[1].0, &pairs[1].1)];
+        for (a, b) in deleted {
+            let evicted = store.stats().false_evictions;
+            store.put(a.as_bytes(), format!("{a} {round}").as_bytes(), &put).unwrap();
+            for _ in 0..2 {
+                assert!(value(&store, a).is_some()); // the second disk read promotes it
+            }
+            store.put(b.as_bytes(), format!("{b} {round}").as_bytes(), &put).unwrap();
+            assert_eq!(store.stats().false_evictions, evicted + 1, "{b} took {a}'s entry");
+            // Memory still holds A's value, its newest: a read and a touch agree on it.
+            assert_eq!(value(&store, a), Some(format!("{a} {round}").into_bytes()));
+            assert!(store.touch(a.as_bytes(), Expiry::Never).unwrap().is_some(), "a touch sees what a read sees");
+            assert!(store.delete(a.as_bytes(), &del).unwrap());
+            assert_eq!(value(&store, a), None);
+        }
+        // A written, B takes its entry, B is deleted (the entry goes), then A is deleted: the
+        // index names nothing for A, yet its record is on disk.
+        for (a, b) in [(&pairs[2].0, &pairs[2].1), (&pairs[3].1, &pairs[3].0)] {
+            store.put(a.as_bytes(), b"gone", &put).unwrap();
+            store.put(b.as_bytes(), b"gone too", &put).unwrap();
+            assert!(store.delete(b.as_bytes(), &del).unwrap());
+            assert!(!store.delete(a.as_bytes(), &del).unwrap(), "nothing of A was live");
+        }
+        store = restart(dir.path(), store, how);
+        for (a, b) in [(&pairs[0].1, &pairs[0].0), (&pairs[1].0, &pairs[1].1)] {
+            assert_eq!(value(&store, a), None, "{a} was deleted ({how:?})");
+            assert_eq!(
+                value(&store, b),
+                Some(format!("{b} {round}").into_bytes()),
+                "{b}'s put is the newest ({how:?})"
+            );
+            assert!(store.delete(b.as_bytes(), &del).unwrap());
+        }
+        for (a, b) in [&pairs[2], &pairs[3]] {
+            assert_eq!((value(&store, a), value(&store, b)), (None, None), "both deleted ({how:?})");
+        }
+    }
+    store.close().unwrap();
 }

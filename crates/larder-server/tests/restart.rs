@@ -129,3 +129,102 @@ fn a_node_paused_longer_than_max_downtime_flushes_when_it_runs_again() {
     std::thread::sleep(std::time::Duration::from_millis(3000));
     assert_eq!(s.stats()["downtime_flushes"], 1);
 }
+
+/// Issue 39's first defect through the HTTP door, with keys the index cannot tell apart
+/// (found for this store's own hash seed, from its manifest). A is written and read into
+/// memory, B takes A's entry: A is still served (from memory), touched and deleted, and the
+/// delete holds across a graceful restart and a kill -9; B, the newer record, keeps the
+/// shared entry in either order of their hashes. A key whose entry another took and then
+/// lost (B deleted) is deleted durably too.
+#[test]
+fn a_deleted_key_whose_entry_another_took_stays_deleted_across_restarts() {
+    let mut s = Server::start(&[]);
+    let seed = larder_engine::twins::seed(&s.dir).expect("the manifest names the hash seed");
+    let hash = |k: &str| larder_engine::twins::hash(seed, k.as_bytes());
+    let pairs: Vec<(String, String)> =
+        larder_engine::twins::find(seed, "twin/", larder_engine::twins::DEFAULT_RING_BITS, 4)
+            .into_iter()
+            .map(|(x, y)| if hash(&x) < hash(&y) { (x, y) } else { (y, x) })
+            .collect();
+    let taken = [(&pairs[0].1, &pairs[0].0), (&pairs[1].0, &pairs[1].1)];
+    let lost = [(&pairs[2].0, &pairs[2].1), (&pairs[3].1, &pairs[3].0)];
+    for round in 0..2 {
+        let mut c = s.client();
+        for (a, b) in taken {
+            let evicted = s.stats()["false_evictions"].as_u64().unwrap();
+            assert_eq!(c.put(&format!("/{a}"), format!("{a} {round}").as_bytes()).status, 200);
+            for _ in 0..2 {
+                assert_eq!(c.get(&format!("/{a}")).status, 200); // the second read promotes it
+            }
+            assert_eq!(c.put(&format!("/{b}"), format!("{b} {round}").as_bytes()).status, 200);
+            assert_eq!(s.stats()["false_evictions"].as_u64().unwrap(), evicted + 1, "{b} took {a}'s entry");
+            let r = c.get(&format!("/{a}"));
+            assert_eq!((r.status, r.header("x-cache")), (200, Some("MEMC")), "memory still holds {a}");
+            let touched = c.request("PATCH", &format!("/{a}"), &[("X-TTL", "3600")], b"");
+            assert_eq!(touched.status, 200, "a touch sees what a read sees");
+            assert_eq!(c.delete(&format!("/{a}")).status, 200);
+            assert_eq!(c.get(&format!("/{a}")).status, 404);
+        }
+        for (a, b) in lost {
+            assert_eq!(c.put(&format!("/{a}"), b"gone").status, 200);
+            assert_eq!(c.put(&format!("/{b}"), b"gone too").status, 200);
+            assert_eq!(c.delete(&format!("/{b}")).status, 200);
+            assert_eq!(c.delete(&format!("/{a}")).status, 404, "nothing of {a} was live");
+        }
+        if round == 0 {
+            s.stop();
+        } else {
+            s.kill();
+        }
+        s.restart();
+        let mut c = s.client();
+        for (a, b) in taken {
+            assert_eq!(c.get(&format!("/{a}")).status, 404, "deleted {a} came back (round {round})");
+            assert_eq!(c.get(&format!("/{b}")).body, format!("{b} {round}").as_bytes(), "round {round}");
+            assert_eq!(c.delete(&format!("/{b}")).status, 200);
+        }
+        for (a, b) in lost {
+            assert_eq!(c.get(&format!("/{a}")).status, 404, "deleted {a} came back (round {round})");
+            assert_eq!(c.get(&format!("/{b}")).status, 404, "deleted {b} came back (round {round})");
+        }
+    }
+}
+
+/// Issue 39's second defect: with `--max-downtime 0s` (what docs/CLUSTER.md recommends behind
+/// twemproxy) and the default `--fsync 1s`, a burst of 16 MiB PUTs on a disk whose syncs take
+/// 3.5 s (the fault layer) is a slow disk, not a node that did not run: nothing is flushed,
+/// and everything written is there after a kill -9 and after a graceful restart.
+#[test]
+fn a_slow_fsync_under_a_burst_of_large_puts_never_flushes_a_running_node() {
+    let mut s = Server::start(&["--max-downtime", "0s"]);
+    let mut c = s.client();
+    assert_eq!(c.put("/before", b"old").status, 200);
+    s.fault(Some("sync delay ms=3500"));
+    let big = bytes(39, 16 << 20);
+    let started = std::time::Instant::now();
+    let mut n = 0;
+    while started.elapsed() < std::time::Duration::from_secs(6) {
+        assert_eq!(c.put(&format!("/big/{n}"), &big).status, 200);
+        n += 1;
+    }
+    let st = s.stats();
+    assert_eq!(st["downtime_flushes"], 0, "flushed a node that ran all along: {st}");
+    assert_eq!(c.get("/before").body, b"old");
+    s.fault(None);
+    let check = |s: &Server, when: &str| {
+        let mut c = s.client();
+        assert_eq!(c.get("/before").body, b"old", "{when}");
+        for i in 0..n {
+            let r = c.get(&format!("/big/{i}"));
+            assert!(r.status == 200 && r.body == big, "big/{i} {when}: {}", r.status);
+        }
+    };
+    check(&s, "while running");
+    // Any restart is a downtime longer than 0 s: the operator restarts with a real bound.
+    s.kill();
+    s.restart_with(&["--max-downtime", "60s"]);
+    check(&s, "after kill -9");
+    s.stop();
+    s.restart();
+    check(&s, "after a graceful restart");
+}

@@ -144,6 +144,9 @@ pub struct Index {
     len: AtomicU64,
     /// Entries given up when a table was rebuilt (see `Table::rebuilt`).
     dropped: AtomicU64,
+    /// A bit per shard: set once an entry of the shard may have been taken from a key the
+    /// index could not tell apart ([`Index::taint`]), whose record then lies on disk unnamed.
+    tainted: Box<[AtomicU64]>,
 }
 
 impl Index {
@@ -155,7 +158,26 @@ impl Index {
             layout: geo.layout(),
             len: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            tainted: (0..SHARDS / 64).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// Notes that the shard of `hash` may hold a key's record on disk that no entry names: an
+    /// insert replaced an entry that may have been another key's, or a rebuild or merge gave
+    /// entries up. Recovery would find that record again, so a delete of a key the index does
+    /// not name must still write a tombstone there ([`Index::tainted`]).
+    pub fn taint(&self, hash: u64) {
+        self.taint_shard(Self::shard_of(hash));
+    }
+
+    fn taint_shard(&self, shard: usize) {
+        self.tainted[shard / 64].fetch_or(1 << (shard % 64), Ordering::Relaxed);
+    }
+
+    /// Whether [`Index::taint`] was called for the shard of `hash` since the index was made.
+    pub fn tainted(&self, hash: u64) -> bool {
+        let shard = Self::shard_of(hash);
+        self.tainted[shard / 64].load(Ordering::Relaxed) & (1 << (shard % 64)) != 0
     }
 
     fn shard(&self, hash: u64) -> &RwLock<Table> {
@@ -207,15 +229,16 @@ impl Index {
                     Put::Full => {}
                 }
             }
-            self.resize(t, (t.cap() * GROW_NUM / GROW_DEN).max(t.cap() + 8));
+            self.resize(Self::shard_of(hash), t, (t.cap() * GROW_NUM / GROW_DEN).max(t.cap() + 8));
         }
     }
 
-    fn resize(&self, t: &mut Table, cap: usize) {
+    fn resize(&self, shard: usize, t: &mut Table, cap: usize) {
         // Tests hold a growth here (with the shard's lock) to kill the process in it.
         crate::pause::point("index.grow", b"");
         let (new, dropped) = t.rebuilt(cap, self.layout);
         if dropped > 0 {
+            self.taint_shard(shard);
             self.dropped.fetch_add(dropped, Ordering::Relaxed);
             self.len.fetch_sub(dropped, Ordering::Relaxed);
         }
@@ -238,7 +261,9 @@ impl Index {
     /// and the packed location ([`Index::pack`]) of a record of its key: a value to index, or,
     /// with [`DROP`] set, a record that removes the key's entry (a tombstone, an expired or
     /// damaged record). Of a hash's ops the newest record decides, newest by the volume's rank
-    /// in `rank` (by slot), then by offset: ops may come in any order. For recovery, which
+    /// in `rank` (by slot), then by offset: ops may come in any order. Of hashes the index
+    /// cannot tell apart, the newest put wins the entry they share (`Table::merged`), as it
+    /// did when they were written; one's drop never removes another's put. For recovery, which
     /// gathers the entries of every volume, on every core, before it applies them: inserting
     /// them one by one would move most entries of a table many times. Leaves `ops` reordered.
     pub(crate) fn merge_shard(&self, shard: usize, ops: &mut [Op], mem: Option<TableMem>, rank: &[u32]) {
@@ -271,8 +296,13 @@ impl Index {
         let after = t.len + ops.iter().filter(|o| o.1 != GONE).count();
         let cap = after * FIT_LOAD.1 / FIT_LOAD.0 + 1;
         let before = t.len;
-        let (new, dropped) = t.merged(ops, cap, self.layout, mem);
+        let (new, dropped) = t.merged(ops, cap, self.layout, mem, &newness);
         *t = new;
+        // Merged into entries already there (a later round of a large recovery), an op's drop
+        // may have removed another key's entry, or a put taken it.
+        if dropped > 0 || before > 0 {
+            self.taint_shard(shard);
+        }
         self.dropped.fetch_add(dropped, Ordering::Relaxed);
         self.len.fetch_add(t.len as u64, Ordering::Relaxed);
         self.len.fetch_sub(before as u64, Ordering::Relaxed);
@@ -288,11 +318,11 @@ impl Index {
     /// Shrinks the tables left less than 85% full (after a `reserve` that guessed high) to
     /// 92%.
     pub fn fit(&self) {
-        for s in self.shards.iter() {
+        for (shard, s) in self.shards.iter().enumerate() {
             let mut t = s.write();
             if t.len * 100 < t.cap() * 85 && t.cap() > 64 {
                 let cap = t.len * FIT_LOAD.1 / FIT_LOAD.0 + 1;
-                self.resize(&mut t, cap);
+                self.resize(shard, &mut t, cap);
             }
         }
     }

@@ -266,7 +266,7 @@ impl Table {
     /// and how many entries it had to give up: their remainder had no bit left for a larger
     /// quotient, or, after a shrink that gave up a bit, two became indistinguishable.
     pub fn rebuilt(&self, cap: usize, l: Layout) -> (Table, u64) {
-        self.merged(&[], cap, l, None)
+        self.merged(&[], cap, l, None, &|_| 0)
     }
 }
 
@@ -322,11 +322,22 @@ impl Table {
 
     /// This table merged with `ops` (hashes in ascending order, at most one op per hash: a
     /// location, or `GONE`), into a table of at least `cap` homes (in `given` memory if it is
-    /// large enough), written in one pass from
-    /// the lowest home up instead of entry by entry. Returns the table and how many entries
-    /// were given up (see [`Table::rebuilt`]; and of two hashes that agree on every kept bit,
-    /// the smaller loses).
-    pub fn merged(&self, ops: &[(u64, u64)], cap: usize, l: Layout, mut given: Option<Mem>) -> (Table, u64) {
+    /// large enough), written in one pass from the lowest home up instead of entry by entry.
+    /// Returns the table and how many entries were given up (see [`Table::rebuilt`]).
+    ///
+    /// Ops are newer than this table's entries. Of ops of hashes that agree on every kept bit
+    /// (keys the index cannot tell apart, sharing one entry as they did when written), the
+    /// put of the newest record wins by `newness` (of a location), whatever the hashes' order,
+    /// and the others count as given up; a `GONE` removes an entry of this table, never one an
+    /// op put (that op is another hash's newest record: its key's current value).
+    pub fn merged(
+        &self,
+        ops: &[(u64, u64)],
+        cap: usize,
+        l: Layout,
+        mut given: Option<Mem>,
+        newness: &dyn Fn(u64) -> u64,
+    ) -> (Table, u64) {
         thread_local! {
             /// Kept between merges: fresh buffers would be faulted in a page at a time.
             static BUFS: std::cell::RefCell<(Vec<Moving>, Vec<Moving>)> =
@@ -338,7 +349,7 @@ impl Table {
                 let mut t = Table::with_cap(cap, &mut given);
                 if self.len == 0 {
                     // Recovery's common case: nothing to merge with.
-                    match t.fill_fresh(ops, l) {
+                    match t.fill_fresh(ops, l, newness) {
                         Some(lost) => return (t, lost),
                         None => {
                             cap += cap / 8 + 1;
@@ -352,7 +363,7 @@ impl Table {
                     let k = t.key(h);
                     Moving { home: k.home, rem: Self::rem_of(k, l), loc }
                 }));
-                match t.fill(old, new, l) {
+                match t.fill(old, new, l, newness) {
                     Some(lost) => {
                         dropped += lost;
                         return (t, dropped);
@@ -365,7 +376,7 @@ impl Table {
 
     /// Writes `ops` (as for [`Table::merged`]) into this empty table, as `fill` would with no
     /// old entries, without building the list of homes first.
-    fn fill_fresh(&mut self, ops: &[(u64, u64)], l: Layout) -> Option<u64> {
+    fn fill_fresh(&mut self, ops: &[(u64, u64)], l: Layout, newness: &dyn Fn(u64) -> u64) -> Option<u64> {
         let (mut next, mut lost) = (0usize, 0);
         let (mut home, mut first) = (usize::MAX, 0);
         for &(h, loc) in ops {
@@ -376,9 +387,11 @@ impl Table {
             if k.home != home {
                 (home, first) = (k.home, next.max(k.home));
             }
-            // Another hash of this home that agrees on every kept bit: it loses its entry.
+            // Another hash of this home that agrees on every kept bit: the older record loses.
             if let Some(i) = (first..next).find(|&i| agrees(l.rem(self.read(i)), k.after, k.ka)) {
-                self.set_loc(i, loc, l);
+                if newness(loc) > newness(l.loc(self.read(i))) {
+                    self.set_loc(i, loc, l);
+                }
                 lost += 1;
                 continue;
             }
@@ -396,7 +409,7 @@ impl Table {
     /// Writes `old` and `new` (each in home order) into this empty table; an op of `new`
     /// replaces or drops the entry of `old` it agrees with. `None` if some entry would sit
     /// too far from its home: the table must be larger.
-    fn fill(&mut self, old: &[Moving], new: &[Moving], l: Layout) -> Option<u64> {
+    fn fill(&mut self, old: &[Moving], new: &[Moving], l: Layout, newness: &dyn Fn(u64) -> u64) -> Option<u64> {
         let (mut i, mut j, mut next, mut lost) = (0, 0, 0usize, 0);
         // The entries of one home: (entry, whether an op of `new` put it there).
         let mut group: Vec<(Moving, bool)> = Vec::new();
@@ -423,15 +436,19 @@ impl Table {
                 let k = known(op.rem);
                 let after = if k == 0 { 0 } else { (op.rem ^ (1 << k)) << (64 - k) };
                 match group.iter().position(|(g, _)| agrees(g.rem, after, k)) {
+                    // Put by an earlier op: another hash, a key the index cannot tell from
+                    // this one, whose newest record that is.
+                    Some(at) if group[at].1 && op.loc == GONE => {}
                     Some(at) if op.loc == GONE => {
                         group.remove(at);
                     }
-                    Some(at) => {
-                        // Put by an earlier op: another hash, a key the index cannot tell
-                        // from this one.
-                        lost += group[at].1 as u64;
-                        group[at] = (op, true);
+                    Some(at) if group[at].1 => {
+                        lost += 1;
+                        if newness(op.loc) > newness(group[at].0.loc) {
+                            group[at] = (op, true);
+                        }
                     }
+                    Some(at) => group[at] = (op, true),
                     None if op.loc == GONE => {}
                     None => group.push((op, true)),
                 }

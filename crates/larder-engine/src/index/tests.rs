@@ -335,3 +335,95 @@ proptest! {
         }
     }
 }
+
+#[derive(Debug, Clone)]
+enum TwinOp {
+    Put(usize, u64),
+    /// A delete as the store makes it: it removes the entry only where it names the key's own
+    /// record (the store compares the record's key).
+    Delete(usize),
+    /// Recovery's ops, newest last: a put (`Some`) or a drop of each key.
+    Merge(Vec<(usize, bool)>),
+    Fit,
+}
+
+fn twin_op() -> impl Strategy<Value = TwinOp> {
+    let k = 0..48usize;
+    prop_oneof![
+        4 => (k.clone(), any::<u64>()).prop_map(|(k, l)| TwinOp::Put(k, l)),
+        2 => k.prop_map(TwinOp::Delete),
+        2 => proptest::collection::vec((0..48usize, any::<bool>()), 0..40).prop_map(TwinOp::Merge),
+        1 => Just(TwinOp::Fit),
+    ]
+}
+
+proptest! {
+    /// Keys in groups of three that no entry can tell apart (their hashes differ only in bits
+    /// no table keeps) share one entry, modelled as one cell per group holding its owner and
+    /// location. Live writes take the cell; a delete empties it only when it names the key's
+    /// own record; recovery's merge hands each cell to its newest put, and a drop empties a
+    /// cell only of what was there before the merge (never another key's put of the same
+    /// merge): so a key whose newest op was a drop is never found at its old record.
+    #[test]
+    fn twins_share_an_entry_through_puts_deletes_and_merges(
+        seed in any::<u64>(),
+        ops in proptest::collection::vec(twin_op(), 1..200),
+    ) {
+        let idx = Index::new(geo());
+        let mut x = seed | 1;
+        // 16 groups in shards 0 and 2048; members differ in their low 16 bits.
+        let bases: Vec<u64> = (0..16u64).map(|g| (g % 2) << 63 | (next(&mut x) >> 12) & !0xFFFF).collect();
+        let keys: Vec<u64> = (0..48).map(|k| bases[k / 3] | ((k % 3) as u64 + 1)).collect();
+        let mut cells: Vec<Option<(usize, Loc)>> = vec![None; 16];
+        let mut seq = 1u64 << 20;
+        for op in ops {
+            match op {
+                TwinOp::Put(k, l) => {
+                    let before = cells[k / 3].map(|c| c.1);
+                    prop_assert_eq!(idx.insert(keys[k], loc(l)), before);
+                    cells[k / 3] = Some((k, loc(l)));
+                }
+                TwinOp::Delete(k) => {
+                    let seen = idx.get(keys[k]);
+                    prop_assert_eq!(seen, cells[k / 3].map(|c| c.1));
+                    if let Some((owner, at)) = cells[k / 3] {
+                        if owner == k {
+                            prop_assert!(idx.remove_if_eq(keys[k], at));
+                            cells[k / 3] = None;
+                        }
+                    }
+                }
+                TwinOp::Merge(batch) => {
+                    let mut newest: HashMap<usize, (bool, Loc)> = HashMap::new();
+                    let mut per_shard: [Vec<(u64, u64)>; 2] = [Vec::new(), Vec::new()];
+                    for &(k, put) in &batch {
+                        seq += 1;
+                        let at = Loc { slot: 0, tag: 0, offset: seq * 8, class: 0, hits: 0 };
+                        let v = if put { idx.pack(at) } else { idx.pack(at) | DROP };
+                        per_shard[(keys[k] >> 63) as usize].push((keys[k], v));
+                        newest.insert(k, (put, at));
+                    }
+                    for (g, cell) in cells.iter_mut().enumerate() {
+                        let members: Vec<(usize, bool, Loc)> =
+                            newest.iter().filter(|(k, _)| **k / 3 == g).map(|(k, (p, l))| (*k, *p, *l)).collect();
+                        let put = members.iter().filter(|m| m.1).max_by_key(|m| m.2.offset);
+                        if let Some(&(k, _, l)) = put {
+                            *cell = Some((k, l));
+                        } else if !members.is_empty() {
+                            *cell = None;
+                        }
+                    }
+                    for (s, mut ops) in per_shard.into_iter().enumerate() {
+                        ops.reverse();
+                        idx.merge_shard(s * SHARDS / 2, &mut ops, None, &[0; 16]);
+                    }
+                }
+                TwinOp::Fit => idx.fit(),
+            }
+            prop_assert_eq!(idx.len(), cells.iter().flatten().count() as u64);
+        }
+        for (k, h) in keys.iter().enumerate() {
+            prop_assert_eq!(idx.get(*h), cells[k / 3].map(|c| c.1), "key {}", k);
+        }
+    }
+}

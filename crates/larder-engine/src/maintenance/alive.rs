@@ -12,6 +12,7 @@ use crate::disk::dirs::DataDir;
 use crate::disk::Disk;
 use crate::format::alive;
 use crate::{io, Result};
+use parking_lot::MutexGuard;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,11 +80,14 @@ impl Stamps {
         }
     }
 
-    /// Renews the stamps until the store closes, then writes a last one. A renewal that comes
-    /// more than `max_downtime` (and two renewals) late means the process did not run that
-    /// long (paused, starved), which a router may have taken for a node down: flushed, as a
-    /// restart after that long would be. Timed by the monotonic clock, which a step of the
-    /// wall clock does not move.
+    /// Renews the stamps until the store closes, then writes a last one. A wait for the next
+    /// renewal that ends more than `max_downtime` (and two renewals) late means the process
+    /// did not run that long (paused, starved), which a router may have taken for a node
+    /// down: flushed, as a restart after that long would be. Timed by the monotonic clock,
+    /// which a step of the wall clock does not move, over the wait alone: the stamp's own
+    /// write, which a busy disk may hold up for seconds, is not counted, and nothing the
+    /// wait needs is held across I/O (the stop lock is given up by the syncer while it
+    /// syncs), so a slow disk never looks like a process that did not run.
     pub fn keep(self, disk: Arc<Disk>) {
         let late = disk.ring.cfg.max_downtime.map(|m| m + 2 * EVERY);
         // From the stamp at open, not from when this thread first runs: a process paused
@@ -93,10 +97,9 @@ impl Stamps {
         while !*stop {
             disk.stop_cv.wait_for(&mut stop, EVERY);
             let gap = last.elapsed();
-            last = Instant::now();
             if late.is_some_and(|l| gap > l) {
                 // Without the stop lock: the syncer takes it, then the writer lock a flush takes.
-                match parking_lot::MutexGuard::unlocked(&mut stop, || disk.flush_all(0)) {
+                match MutexGuard::unlocked(&mut stop, || disk.flush_all(0)) {
                     Ok(()) => {
                         disk.ring.counters.downtime_flushes.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(
@@ -108,7 +111,8 @@ impl Stamps {
                     Err(e) => tracing::error!(error = %e, "could not flush after the process stalled"),
                 }
             }
-            self.stamp();
+            MutexGuard::unlocked(&mut stop, || self.stamp());
+            last = Instant::now();
         }
     }
 }

@@ -106,9 +106,13 @@ pub(crate) fn syncer(disk: Arc<Disk>, every: Duration) {
     let mut stop = disk.stop.lock();
     while !*stop {
         disk.stop_cv.wait_for(&mut stop, every);
-        let appended = disk.writer.lock().appended;
-        if appended > disk.synced() {
-            let _ = disk.wait_durable(appended);
-        }
+        // Without the stop lock: the alive thread waits on it, and a sync may take seconds on
+        // a slow disk (which must never look like a process that did not run).
+        parking_lot::MutexGuard::unlocked(&mut stop, || {
+            let appended = disk.writer.lock().appended;
+            if appended > disk.synced() {
+                let _ = disk.wait_durable(appended);
+            }
+        });
     }
 }

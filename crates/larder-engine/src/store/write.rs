@@ -342,6 +342,10 @@ impl Store {
             // Whether it took another key's entry, where the replaced record is recent enough
             // to be known without reading it (`None`: read after the lock).
             let other = before.map(|b| w.recent.hash_of(b).map(|h| h != hash));
+            if other.is_some_and(|o| o != Some(false)) {
+                // Perhaps another key's record, which recovery will find: see `delete_inner`.
+                sh.index.taint(hash);
+            }
             w.recent.note(loc, hash);
             self.count_capped(capped);
             let seen = Seen { loc, generation };
@@ -428,29 +432,34 @@ impl Store {
         let (seq, tombstone_only, in_memory, removed) = {
             let Some((mut w, current)) = self.lock_current(hash, key, true, wait, need)? else { return Ok(None) };
             self.check(key, preconditions, current.live)?;
-            // A live value gets a tombstone; so does any key while a volume is left out of the
-            // index (or in a missing directory), or holds a put undone after a failed sync: it
-            // may hold the key, and the tombstone keeps it deleted when recovery meets that
-            // record. An expired value needs none: it stays expired across restarts.
+            // A tombstone wherever recovery could meet a record of the key and index it
+            // again: a live value; an entry that names another key's record (which took it
+            // from this key: this key's record is still on disk) or an expired one; a shard
+            // where such an entry may have been taken and since removed (`Index::tainted`);
+            // any key while a volume is left out of the index (or in a missing directory), or
+            // holds a put undone after a failed sync. Only a key the index never lost track
+            // of, with no entry, needs none.
             let mut removed = None;
-            let (seq, tombstone_only) = if current.live.is_some() || sh.ring.degraded || w.has_strays(&sh.ring.slots) {
-                let header = Header { stored_ms: sh.stamp(&mut w), ..new_header(FLAG_TOMBSTONE) };
-                let rec = Append { header, key, meta: b"", value: &[], value_crc: crc32c::crc32c(b"") };
-                let Some(_) = sh.append(&mut w, wait, &rec)? else {
-                    return Ok(None);
-                };
-                if let (Some(loc), Some(_)) = (current.loc, current.live) {
-                    if sh.index.remove_if_eq(hash, loc) {
-                        removed = Some(loc);
-                        if sh.ring.cfg.fsync == FsyncPolicy::Always {
-                            w.undo.push(Undo { hash, key: key.into(), before: Some(loc), after: None });
+            let unnamed = current.loc.is_some() || sh.index.tainted(hash);
+            let (seq, tombstone_only) =
+                if current.live.is_some() || unnamed || sh.ring.degraded || w.has_strays(&sh.ring.slots) {
+                    let header = Header { stored_ms: sh.stamp(&mut w), ..new_header(FLAG_TOMBSTONE) };
+                    let rec = Append { header, key, meta: b"", value: &[], value_crc: crc32c::crc32c(b"") };
+                    let Some(_) = sh.append(&mut w, wait, &rec)? else {
+                        return Ok(None);
+                    };
+                    if let (Some(loc), Some(_)) = (current.loc, current.live) {
+                        if sh.index.remove_if_eq(hash, loc) {
+                            removed = Some(loc);
+                            if sh.ring.cfg.fsync == FsyncPolicy::Always {
+                                w.undo.push(Undo { hash, key: key.into(), before: Some(loc), after: None });
+                            }
                         }
                     }
-                }
-                (Some(w.appended), current.live.is_none())
-            } else {
-                (None, false)
-            };
+                    (Some(w.appended), current.live.is_none())
+                } else {
+                    (None, false)
+                };
             // Memory may hold the key after the ring evicted its record: that counts as
             // present, unless expired. Dropped under the writer lock, so that a conditional
             // write after this delete never finds the value in memory.
@@ -502,6 +511,12 @@ impl Store {
             }
             let rec = match sh.fetch(hash, loc, false)? {
                 Fetch::Record(r) if r.key() == key && !r.header.is_tombstone() && !r.header.is_chunk() => r,
+                // Another key the index cannot tell apart took the entry: memory may still
+                // hold this key's value, as a read would answer it.
+                Fetch::Record(r) if r.key() != key => {
+                    drop(locked);
+                    return self.touch_held(key, touch);
+                }
                 _ if locked.is_some() => return Ok(None),
                 _ => continue,
             };
