@@ -487,3 +487,49 @@ fn a_binary_get_of_a_large_value_within_a_small_body_budget_completes() {
     // And the server's budget is free again for others.
     assert_eq!(s.client().put("/after", b"x").status, 200);
 }
+
+/// Issue 39's fourth defect: `append` and `prepend` follow one rule in every encoding (text,
+/// meta, binary): the value they make may be at most a chunk (1 MiB here, as memcached's
+/// items), or they are refused and write nothing. Text appends used to rewrite a value of any
+/// size: 20 one-byte appends to 32 MiB wrote 640 MiB. No answer names an internal function.
+#[test]
+fn append_and_prepend_stop_at_a_chunk_in_every_encoding() {
+    let s = server(&[]);
+    let mut t = Mc::connect(&s);
+    let too_large = "SERVER_ERROR object too large for cache\r\n";
+    let big = vec![b'x'; 2 << 20];
+    let set = |t: &mut Mc, key: &str, v: &[u8]| {
+        let mut cmd = format!("set {key} 0 0 {}\r\n", v.len()).into_bytes();
+        cmd.extend_from_slice(v);
+        cmd.extend_from_slice(b"\r\n");
+        assert_eq!(t.ask(&cmd, "\r\n"), "STORED\r\n");
+    };
+    set(&mut t, "big", &big);
+    set(&mut t, "near", &vec![b'y'; (1 << 20) - 4]);
+    let puts = s.stats()["puts"].as_u64().unwrap();
+    for line in [
+        &b"append big 0 0 1\r\nz\r\n"[..],
+        b"prepend big 0 0 1\r\nz\r\n",
+        b"append near 0 0 8\r\nzzzzzzzz\r\n",
+        b"ms big 1 MA\r\nz\r\n",
+        b"ms near 8 MP\r\nzzzzzzzz\r\n",
+    ] {
+        assert_eq!(t.ask(line, "\r\n"), too_large, "{}", String::from_utf8_lossy(line));
+    }
+    let mut b = Mc::connect(&s);
+    for (opcode, key) in [(0x0e, &b"big"[..]), (0x0f, b"big"), (0x0e, b"near")] {
+        let (status, body) = b.binary(opcode, key, &[], b"zzzzzzzz");
+        assert_eq!(status, 0x0003, "binary {opcode:#x} {}: too large", String::from_utf8_lossy(key));
+        assert!(!String::from_utf8_lossy(&body).contains("Store::"), "{}", String::from_utf8_lossy(&body));
+    }
+    assert_eq!(s.stats()["puts"].as_u64().unwrap(), puts, "a refused append writes nothing");
+    // Up to a chunk exactly, they apply.
+    assert_eq!(t.ask(b"append near 0 0 4\r\nzzzz\r\n", "\r\n"), "STORED\r\n");
+    let got = t.ask_bytes(b"get big near\r\n", "END\r\n");
+    let mut want = format!("VALUE big 0 {}\r\n", big.len()).into_bytes();
+    want.extend_from_slice(&big);
+    want.extend_from_slice(format!("\r\nVALUE near 0 {}\r\n", 1 << 20).as_bytes());
+    want.extend_from_slice(&vec![b'y'; (1 << 20) - 4]);
+    want.extend_from_slice(b"zzzz\r\nEND\r\n");
+    assert!(got == want, "the values are as they were (and near has its 4 bytes)");
+}

@@ -8,7 +8,10 @@
 //! answer echoes the opcode and opaque. Quiet variants answer only failures (and a quiet get
 //! not even a miss); `noop` flushes the answers of a batch of them.
 
-use super::exec::{contended, drop_refused, expiry, keep, read_block, server_error, stream_value, swallow, ROUNDS};
+use super::exec::{
+    concat_value, contended, drop_refused, expiry, keep, read_block, server_error, stream_value, swallow, Concat,
+    ROUNDS,
+};
 use super::stats::Outcome;
 use super::text::KEY_MAX;
 use super::{access, counters, Conn, End};
@@ -461,22 +464,11 @@ async fn run(c: &mut Conn, store: &Store, h: &Header, body: &bytes::Bytes) -> Re
             let append = matches!(h.opcode, 0x0e | 0x19);
             let (k, cas) = (key.to_vec(), h.cas);
             let r = blocking(&app, move |s| {
-                for _ in 0..ROUNDS {
-                    let Some(v) = s.get(&k, &ReadOptions::default())? else { return Ok(Err(NOT_STORED)) };
-                    if cas != 0 && cas != v.stored_ms {
-                        return Ok(Err(EXISTS));
-                    }
-                    let joined =
-                        if append { [&v.data[..], &value].concat() } else { [&value[..], &v.data[..]].concat() };
-                    let cond = [Precondition::StoredAt(v.stored_ms)];
-                    let opts = keep(&v, &cond);
-                    match s.put(&k, &joined, &opts) {
-                        Ok(st) => return Ok(Ok(st.version.stored_ms)),
-                        Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-                Err(contended())
+                Ok(match concat_value(s, &k, &value, append, Some(cas), true)? {
+                    Concat::Stored(cas) => Ok(cas),
+                    Concat::Absent => Err(NOT_STORED),
+                    Concat::Exists => Err(EXISTS),
+                })
             })
             .await;
             match r {

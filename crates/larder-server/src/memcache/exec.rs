@@ -27,6 +27,63 @@ pub(super) fn contended() -> larder_engine::Error {
     larder_engine::Error::new(ErrorKind::Io, "the key was written by others faster than this command could complete")
 }
 
+/// Whether `append` or `prepend` may make a value of `len` bytes: the one rule of every
+/// encoding (text, meta `ms … MA`/`MP`, binary). Only up to a chunk, which the store reads
+/// and writes whole: memcached's own items stop at 1 MiB by default, and a few bytes added to
+/// a large value would rewrite all of it (20 one-byte appends to 32 MiB wrote 640 MiB).
+pub(super) fn concat_fits(store: &Store, len: u64) -> bool {
+    len <= store.config().chunk_size.min(store.config().max_value_size)
+}
+
+/// What [`concat_value`] did.
+pub(super) enum Concat {
+    /// Stored, under this cas unique.
+    Stored(u64),
+    /// The key has no value.
+    Absent,
+    /// The key's value is not the version named.
+    Exists,
+}
+
+/// `append` (or, not `append`, `prepend`) of `data` to `key`'s value, for every encoding: on
+/// the value read, if it is the version `cas` names (when given, not 0), written on the
+/// condition that it is still that value (flags, expiry and content type kept), round again
+/// when another write came in between. A result longer than [`concat_fits`] allows is
+/// `TooLarge` ("object too large for cache", memcached's words) and changes nothing.
+pub(super) fn concat_value(
+    s: &Store,
+    key: &[u8],
+    data: &[u8],
+    append: bool,
+    cas: Option<u64>,
+    wait: bool,
+) -> larder_engine::Result<Concat> {
+    let too_large = || larder_engine::Error::new(ErrorKind::TooLarge, "object too large for cache");
+    for _ in 0..ROUNDS {
+        let v = match s.get(key, &ReadOptions { part: Part::Whole, nonblocking: !wait }) {
+            Ok(Some(v)) => v,
+            Ok(None) => return Ok(Concat::Absent),
+            // A value longer than a chunk, which the store does not read whole.
+            Err(e) if e.kind() == ErrorKind::TooLarge => return Err(too_large()),
+            Err(e) => return Err(e),
+        };
+        if cas.is_some_and(|c| c != 0 && c != v.stored_ms) {
+            return Ok(Concat::Exists);
+        }
+        if !concat_fits(s, (v.data.len() + data.len()) as u64) {
+            return Err(too_large());
+        }
+        let joined = if append { [&v.data[..], data].concat() } else { [data, &v.data[..]].concat() };
+        let cond = [Precondition::StoredAt(v.stored_ms)];
+        match s.put(key, &joined, &PutOptions { nonblocking: !wait, ..keep(&v, &cond) }) {
+            Ok(st) => return Ok(Concat::Stored(st.version.stored_ms)),
+            Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(contended())
+}
+
 /// The write of a read-modify-write (append, incr, …) of the value `v`: on condition that it
 /// is still the one read (`cond`, its store time), keeping its flags, expiry and content type.
 pub(super) fn keep<'a>(v: &'a Value, cond: &'a [Precondition; 1]) -> PutOptions<'a> {
@@ -418,9 +475,9 @@ async fn store_cmd(
 ) -> Result<Answer, End> {
     let cfg = store.config();
     let streamed = len > cfg.chunk_size;
-    // Larger than the store takes; and appending or prepending more than a chunk, which
-    // larder does not (memcached's own items stop at 1 MiB by default).
-    if len > cfg.max_value_size || (streamed && matches!(op, StoreOp::Append | StoreOp::Prepend)) {
+    // Larger than the store takes; or than an append or prepend may make (`concat_fits`).
+    let joins = matches!(op, StoreOp::Append | StoreOp::Prepend);
+    if len > cfg.max_value_size || (joins && !concat_fits(store, len)) {
         if op == StoreOp::Set {
             drop_refused(c, key).await;
         }
@@ -587,34 +644,13 @@ pub(super) async fn put_streamed(
     })
 }
 
-/// `append` and `prepend`: the value read, and `data` added to it, stored on the condition
-/// that the value is still the one read (its flags, expiry and content type kept). Round
-/// again when another write came in between.
+/// `append` and `prepend` (see [`concat_value`]).
 async fn concat(c: &Conn, put: Put, data: Bytes, append: bool) -> larder_engine::Result<()> {
-    blocking(&c.app, move |s| {
-        for _ in 0..ROUNDS {
-            let Some(mut r) = s.reader(&put.key, Part::Whole)? else {
-                return Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "the key has no value"));
-            };
-            let v = r.value().clone();
-            let cond = [Precondition::StoredAt(v.stored_ms)];
-            let opts = keep(&v, &cond);
-            let mut w = s.writer(&put.key, &opts)?;
-            if !append {
-                w.write(&data)?;
-            }
-            while let Some(piece) = r.next_piece()? {
-                w.write(&piece)?;
-            }
-            if append {
-                w.write(&data)?;
-            }
-            match w.finish() {
-                Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-                r => return r.map(|_| ()),
-            }
+    blocking(&c.app, move |s| match concat_value(s, &put.key, &data, append, None, true)? {
+        Concat::Stored(_) => Ok(()),
+        Concat::Absent | Concat::Exists => {
+            Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "the key has no value"))
         }
-        Err(contended())
     })
     .await
 }

@@ -9,8 +9,8 @@
 //! accessed when stored, no token out. The stale mark (`I`) is part of the stored value.
 
 use super::exec::{
-    answer_then_swallow, contended, drop_refused, expiry, keep, put_streamed, read_block, server_error, stream_value,
-    swallow, Put, ROUNDS,
+    answer_then_swallow, concat_fits, concat_value, drop_refused, expiry, put_streamed, read_block, server_error,
+    stream_value, swallow, Concat, Put,
 };
 use super::text::{safe_strtol, safe_strtoul, safe_strtoull, KEY_MAX};
 use super::{mdma, Conn, End};
@@ -416,7 +416,7 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     };
     let cfg = store.config();
     let append = matches!(f.mode, Some(b'A' | b'P'));
-    if len > cfg.max_value_size || (len > cfg.chunk_size && append) {
+    if len > cfg.max_value_size || (append && !concat_fits(store, len)) {
         // memcached drops the key whatever the mode (set, add, replace, append, prepend).
         drop_refused(c, &key).await;
         return answer_then_swallow(c, "SERVER_ERROR object too large for cache\r\n", len + 2).await;
@@ -516,25 +516,11 @@ fn ms_write(
     let opts = PutOptions { nonblocking: !wait, ..put.options() };
     let reading = |part| ReadOptions { part, nonblocking: !wait };
     match mode {
-        Some(m @ (b'A' | b'P')) => {
-            for _ in 0..ROUNDS {
-                // Append and prepend: to the value read, if its cas is the one given (when given).
-                let Some(v) = s.get(&put.key, &reading(Part::Whole))? else {
-                    return Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "absent"));
-                };
-                if cas.is_some_and(|c| c != 0 && c != v.stored_ms) {
-                    return Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "cas"));
-                }
-                let joined = if m == b'A' { [&v.data[..], data].concat() } else { [&data[..], &v.data[..]].concat() };
-                let cond = [Precondition::StoredAt(v.stored_ms)];
-                let keep = PutOptions { nonblocking: !wait, ..keep(&v, &cond) };
-                match s.put(&put.key, &joined, &keep) {
-                    Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-                    r => return r.map(|st| (st.version.stored_ms, None)),
-                }
-            }
-            Err(contended())
-        }
+        Some(m @ (b'A' | b'P')) => match concat_value(s, &put.key, data, m == b'A', cas, wait)? {
+            Concat::Stored(cas) => Ok((cas, None)),
+            Concat::Absent => Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "absent")),
+            Concat::Exists => Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "cas")),
+        },
         _ => match s.put(&put.key, data, &opts) {
             // With `I`, a cas older than the value's stores anyway, marked stale, keeping the
             // value's expiry (a slow recache under an invalidation).
