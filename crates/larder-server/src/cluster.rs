@@ -65,6 +65,9 @@ pub fn parse_nodes(list: &str) -> Result<Vec<Node>, String> {
             None => (item, Some(1)),
         };
         let weight = weight.ok_or_else(|| format!("node {item:?}: a weight is a whole number from 1 to 10000"))?;
+        if name.trim().is_empty() {
+            return Err(format!("node {item:?} has no name (host:port, as the router lists it)"));
+        }
         if nodes.iter().any(|n| n.name == name) {
             return Err(format!("node {name:?} is listed twice"));
         }
@@ -228,6 +231,9 @@ mod tests {
         assert!(parse_nodes("a,a").is_err());
         assert!(parse_nodes("a=0").is_err());
         assert!(parse_nodes("a=x").is_err());
+        // A weight with no node before it (issue 39): refused, not a node named "".
+        assert!(parse_nodes("=5").unwrap_err().contains("no name"));
+        assert!(parse_nodes("a, =2").unwrap_err().contains("no name"));
     }
 
     #[test]

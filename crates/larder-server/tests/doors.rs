@@ -238,8 +238,9 @@ fn the_proxy_forwards_unsafe_methods_and_purges_only_with_write_rights() {
 fn flag_combinations_that_cannot_be_honoured_are_refused_at_start() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("data");
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 4] = [
         (&["--auth-reads"], "--auth-reads needs a token"),
+        (&["--cluster-nodes", "=5", "--cluster-self", ""], "node \"=5\" has no name"),
         (
             &["--origin", "http://127.0.0.1:9", "--memcache-listen", "127.0.0.1:0"],
             "--memcache-listen cannot be combined with --origin",

@@ -20,6 +20,10 @@ pub const MAX_PROPS: usize = 64;
 pub const MAX_NAME: usize = 256;
 
 const DAV: &[u8] = b"DAV:";
+/// The namespaces Namespaces in XML reserves: `xml`'s, which only that prefix may name (and
+/// needs no declaration), and `xmlns`'s, which nothing may name.
+const XML_NS: &[u8] = b"http://www.w3.org/XML/1998/namespace";
+const XMLNS_NS: &[u8] = b"http://www.w3.org/2000/xmlns/";
 
 /// A property's name: its namespace and local name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +54,10 @@ pub fn parse_propfind(body: &[u8]) -> Result<Want, String> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Want::All);
     }
+    // XML 1.0 allows no NUL and no other control character but tab, CR and LF, anywhere.
+    if body.iter().any(|&b| b < 0x20 && !matches!(b, b'\t' | b'\r' | b'\n')) {
+        return Err("the body holds a byte XML does not allow (NUL or another control character)".into());
+    }
     let mut r = NsReader::from_reader(body);
     r.config_mut().expand_empty_elements = true;
     r.config_mut().trim_text(true);
@@ -64,6 +72,7 @@ pub fn parse_propfind(body: &[u8]) -> Result<Want, String> {
                 if open.len() == MAX_DEPTH {
                     return Err(format!("XML nested deeper than {MAX_DEPTH} elements"));
                 }
+                reserved(&e)?;
                 let local = e.local_name().as_ref().to_vec();
                 let in_dav = matches!(ns, ResolveResult::Bound(n) if n.as_ref() == DAV);
                 let depth = open.len();
@@ -104,6 +113,9 @@ pub fn parse_propfind(body: &[u8]) -> Result<Want, String> {
             Event::End(_) => {
                 open.pop();
             }
+            Event::Text(_) | Event::CData(_) | Event::GeneralRef(_) if open.is_empty() => {
+                return Err("malformed XML: text outside the root element".into())
+            }
             Event::Eof if open.is_empty() => break,
             Event::Eof => return Err("malformed XML: the document ends inside an element".into()),
             // Text, comments, processing instructions, CDATA and references are read past:
@@ -116,6 +128,34 @@ pub fn parse_propfind(body: &[u8]) -> Result<Want, String> {
         (true, None) => Err("a DAV:propfind needs DAV:allprop, DAV:propname or DAV:prop".into()),
         (true, Some(w)) => Ok(w),
     }
+}
+
+/// Refuses what Namespaces in XML calls ill-formed, which a 207 would echo: an element with
+/// the prefix `xmlns`, a declaration of the `xmlns` namespace, or of `xml`'s under any other
+/// prefix (or of `xml` as another namespace).
+fn reserved(e: &quick_xml::events::BytesStart<'_>) -> Result<(), String> {
+    if e.name().prefix().is_some_and(|p| p.as_ref() == b"xmlns") {
+        return Err("malformed XML: an element may not have the prefix xmlns".into());
+    }
+    for a in e.attributes() {
+        let a = a.map_err(|e| format!("malformed XML: {e}"))?;
+        let key = a.key.as_ref();
+        let prefix = match key.strip_prefix(b"xmlns") {
+            Some([]) => None,
+            Some([b':', p @ ..]) => Some(p),
+            _ => continue,
+        };
+        let ns = &a.value[..];
+        let ok = match prefix {
+            Some(b"xml") => ns == XML_NS,
+            Some(b"xmlns") => false,
+            _ => ns != XML_NS && ns != XMLNS_NS,
+        };
+        if !ok {
+            return Err("malformed XML: a reserved prefix or namespace (xml, xmlns) is declared".into());
+        }
+    }
+    Ok(())
 }
 
 /// A property's name and namespace are written back as they came: each must be short, the
@@ -221,6 +261,8 @@ fn foreign(out: &mut String, name: &Name) {
     let local = String::from_utf8_lossy(&name.local);
     match (&name.ns[..], name.ns.is_empty()) {
         (DAV, _) => out.push_str(&format!("<D:{local}/>")),
+        // Only its own prefix may name `xml`'s namespace, declared by no one.
+        (XML_NS, _) => out.push_str(&format!("<xml:{local}/>")),
         (_, true) => out.push_str(&format!("<{local} xmlns=\"\"/>")),
         (ns, false) => {
             let ns = String::from_utf8_lossy(ns);
@@ -284,6 +326,57 @@ mod tests {
         assert!(parse_propfind(br#"<D:propfind xmlns:D="DAV:"/>"#).is_err());
         assert!(parse_propfind(br#"<D:propfind xmlns:D="DAV:"><x:y/></D:propfind>"#).is_err(), "unbound prefix");
         assert!(parse_propfind(b"not xml at all").is_err());
+        // Ill-formed by Namespaces in XML, or by XML 1.0 itself (issue 39, defect 5).
+        let prop = |inner: &str, decl: &str| {
+            format!(r#"<D:propfind xmlns:D="DAV:"{decl}><D:prop>{inner}</D:prop></D:propfind>"#)
+        };
+        for bad in [
+            prop("<xmlns:foo/>", ""),
+            prop("<p:lang/>", r#" xmlns:p="http://www.w3.org/XML/1998/namespace""#),
+            prop("<p:a/>", r#" xmlns:p="http://www.w3.org/2000/xmlns/""#),
+            prop("<xml:a/>", r#" xmlns:xml="urn:other""#),
+            prop("<D:getetag/>", "") + "trailing text",
+            prop("<D:getetag/>", "") + "<!-- fine --><?pi fine?>&amp;",
+            "text first".to_string() + &prop("<D:getetag/>", ""),
+            prop("<D:getetag/>\0", ""),
+            prop("<D:getetag/>", "").replace("getetag", "get\u{0}etag"),
+        ] {
+            assert!(parse_propfind(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+        let trailing_comment = prop("<D:getetag/>", "") + "\n<!-- fine -->\n";
+        assert!(parse_propfind(trailing_comment.as_bytes()).is_ok());
+    }
+
+    /// `xml:lang` is a well-formed name to ask for: echoed under the `xml` prefix, which no
+    /// one may declare, so a namespace-aware parser reads the 207 (issue 39, defect 5).
+    #[test]
+    fn a_property_in_the_xml_namespace_is_echoed_well_formed() {
+        let body = r#"<D:propfind xmlns:D="DAV:"><D:prop><xml:lang/></D:prop></D:propfind>"#;
+        let want = parse_propfind(body.as_bytes()).unwrap();
+        assert_eq!(want, Want::Props(vec![Name { ns: XML_NS.to_vec(), local: b"lang".to_vec() }]));
+        let r = Resource {
+            href: "/k".into(),
+            collection: false,
+            len: None,
+            etag: None,
+            modified: None,
+            content_type: None,
+        };
+        let mut out = open_multistatus();
+        response(&mut out, &r, &want);
+        close_multistatus(&mut out);
+        assert!(out.contains("<xml:lang/>"), "{out}");
+        let mut r = NsReader::from_reader(out.as_bytes());
+        loop {
+            let (ns, ev) = r.read_resolved_event().unwrap();
+            if let Event::Start(e) = &ev {
+                reserved(e).unwrap();
+                assert!(!matches!(ns, ResolveResult::Unknown(_)), "{out}");
+            }
+            if matches!(ev, Event::Eof) {
+                break;
+            }
+        }
     }
 
     #[test]
