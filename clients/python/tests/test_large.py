@@ -1,11 +1,14 @@
 """A 1 GiB value through `set(fileobj)` and `open(key)`, with the Python process's memory
-bounded: neither direction holds the value."""
+bounded: neither direction holds the value. File-like values held in memory (a BytesIO, a
+reader with only `read`) are streamed too, never copied whole."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -14,6 +17,7 @@ import pytest
 from conftest import Node
 
 GIB = 1 << 30
+MIB = 1 << 20
 
 
 def rss() -> int:
@@ -71,3 +75,54 @@ def test_a_gibibyte_round_trips_in_bounded_memory(big_node: Node, make: Callable
     print(f"client RSS growth for a 1 GiB round trip: {growth >> 20} MiB")
     assert n == GIB and back.hexdigest() == digest.hexdigest()
     assert growth < 64 << 20, f"the client's memory grew by {growth >> 20} MiB"
+
+
+def peak_growth(run: Callable[[], None]) -> int:
+    """The most Python held at once while ``run`` ran, beyond what it held before: a copy of a
+    value shows here whole, where RSS sampling could miss a short-lived one."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        run()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_bytesio_value_is_streamed_not_copied(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url, timeout=60)
+    data = bytes(range(256)) * (64 * MIB // 256)
+    # A BytesIO made from bytes shares them until something copies them: nothing should.
+    f = io.BytesIO(data)
+    growth = peak_growth(lambda: c.set("bytesio", f))
+    print(f"client memory growth for set(BytesIO of 64 MiB): {growth / MIB:.1f} MiB")
+    assert growth < 16 * MIB, f"set copied the BytesIO: {growth >> 20} MiB held at once"
+    f.truncate(0)  # a BufferError if the call left an export of its buffer held
+    assert c.get("bytesio") == data
+    tail = io.BytesIO(b"head|tail")
+    tail.seek(5)
+    c.set("bytesio-tail", tail)  # from where it stands
+    assert c.get("bytesio-tail") == b"tail" and tail.read() == b""
+
+
+class OnlyRead:
+    """A file-like value with ``read`` and nothing else: no fileno, seek or tell."""
+
+    def __init__(self, data: bytes) -> None:
+        self._view, self._pos = memoryview(data), 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self._view) if n < 0 else min(len(self._view), self._pos + n)
+        piece = bytes(self._view[self._pos : end])
+        self._pos = end
+        return piece
+
+
+def test_a_reader_with_only_read_is_streamed_in_pieces(node: Node, make: Callable[..., Any]) -> None:
+    c = make(node.url, timeout=60)
+    data = bytes(range(256)) * (64 * MIB // 256)
+    r = OnlyRead(data)
+    growth = peak_growth(lambda: c.set("only-read", r))
+    print(f"client memory growth for set(a 64 MiB reader with only read): {growth / MIB:.1f} MiB")
+    assert growth < 16 * MIB, f"set read the reader whole: {growth >> 20} MiB held at once"
+    assert c.get("only-read") == data

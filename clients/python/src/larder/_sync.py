@@ -457,7 +457,12 @@ def _remaining(f: Any) -> Optional[int]:
     if isinstance(f, io.TextIOBase):
         raise TypeError("open the file in binary mode ('rb'): a value is bytes")
     if isinstance(f, io.BytesIO):
-        return len(f.getbuffer()) - f.tell()
+        # Not getbuffer(): on a BytesIO that shares the bytes it was made from, that copies
+        # them all (and its export would block resizing while held). Seeking copies nothing.
+        pos = f.tell()
+        end = f.seek(0, io.SEEK_END)
+        f.seek(pos)
+        return max(0, end - pos)
     try:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
