@@ -54,7 +54,7 @@ pub use format::meta::{MAX_ATTRS, MAX_CONTENT_TYPE};
 pub use format::record::MAX_KEY_LEN;
 pub use io::{faults, FileIo};
 pub use stats::{DirState, DirStats, RecoveryProgress, RecoveryReport, Stats};
-pub use store::{KeyInfo, Store, ValueReader, ValueWriter};
+pub use store::{KeyCursor, KeyInfo, Store, ValueReader, ValueWriter};
 pub use types::{
     unmet, ByteRange, DeleteOptions, Expiry, Part, Position, Precondition, PutOptions, ReadOptions, Stored, Tier,
     Touch, Value, Version,

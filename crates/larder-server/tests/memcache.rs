@@ -533,3 +533,55 @@ fn append_and_prepend_stop_at_a_chunk_in_every_encoding() {
     want.extend_from_slice(b"zzzz\r\nEND\r\n");
     assert!(got == want, "the values are as they were (and near has its 4 bytes)");
 }
+
+/// Issue 39's third defect: a key dump (`lru_crawler metadump`, `stats cachedump`) whose client
+/// does not read held a blocking-pool thread while it waited (up to 60 s a batch), and nothing
+/// bounded how many ran: 40 idle dumps took the server from 7 to 46 threads. Now one runs at a
+/// time (others get memcached's `BUSY` line), listed a step at a time, holding no thread
+/// between steps.
+#[test]
+fn key_dumps_run_one_at_a_time_and_hold_no_thread_for_a_slow_reader() {
+    let s = server(&[]);
+    let mut m = Mc::connect(&s);
+    // Enough keys that a dump's lines outgrow the sockets' buffers many times over.
+    let n = 60_000;
+    let pad = "p".repeat(100);
+    let mut sets = Vec::new();
+    for i in 0..n {
+        sets.extend_from_slice(format!("set dump/{i:06}/{pad} 0 0 1 noreply\r\nx\r\n").as_bytes());
+    }
+    sets.extend_from_slice(b"mn\r\n");
+    assert_eq!(m.ask(&sets, "MN\r\n"), "MN\r\n");
+    let threads = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid())).unwrap();
+        status.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse::<u32>().unwrap()
+    };
+    let base = threads();
+    let mut stalled = TcpStream::connect(s.memcache.unwrap()).unwrap();
+    stalled.write_all(b"lru_crawler metadump all\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let busy = "BUSY currently processing crawler request\r\n";
+    for i in 0..40 {
+        let line: &[u8] = if i % 2 == 0 { b"lru_crawler metadump all\r\n" } else { b"stats cachedump 1 0\r\n" };
+        assert_eq!(Mc::connect(&s).ask(line, "\r\n"), busy, "dump {i}");
+    }
+    let during = threads();
+    assert!(during <= base + 2, "{base} threads before, {during} with a stalled dump and 40 refused");
+    // The client goes: its dump ends, and the next one lists every key once.
+    drop(stalled);
+    let started = Instant::now();
+    let listing = loop {
+        let mut d = Mc::connect(&s);
+        d.0.write_all(b"lru_crawler metadump all\r\n").unwrap();
+        let first = d.read_until("\n");
+        if first != busy {
+            break first + &d.read_until("END\r\n");
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "the stalled dump never ended");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(listing.lines().filter(|l| l.starts_with("key=dump%2F")).count(), n, "each key once");
+    // A limit stops a dump where it says.
+    let ten = Mc::connect(&s).ask(b"stats cachedump 1 10\r\n", "END\r\n");
+    assert_eq!(ten.lines().filter(|l| l.starts_with("ITEM dump/")).count(), 10, "{ten}");
+}

@@ -15,7 +15,7 @@ mod read;
 mod stream;
 mod write;
 
-pub use keys::KeyInfo;
+pub use keys::{KeyCursor, KeyInfo};
 pub use stream::{ValueReader, ValueWriter};
 
 use crate::config::StoreConfig;

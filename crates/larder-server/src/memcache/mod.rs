@@ -100,6 +100,9 @@ pub struct Listener {
     /// note their activity several times per command, for timeouts that are checked every
     /// 100 ms at the finest, so they read this rather than the clock.
     clock_ms: AtomicU64,
+    /// The key dump running, if any (`operator::dump`): one at a time, as memcached runs one
+    /// crawler; another is answered `BUSY`.
+    dumps: tokio::sync::Semaphore,
 }
 
 const CLOCK_TICK: Duration = Duration::from_millis(20);
@@ -201,6 +204,7 @@ pub async fn run(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Rece
         registry: Mutex::new(Registry::default()),
         epoch: Instant::now(),
         clock_ms: AtomicU64::new(0),
+        dumps: tokio::sync::Semaphore::new(1),
     });
     let mut conns = JoinSet::new();
     let mut clock = tokio::time::interval(CLOCK_TICK);

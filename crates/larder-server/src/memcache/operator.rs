@@ -27,8 +27,10 @@ const URI_ENCODE: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 /// The longest a dump waits for its client to take a batch of lines.
 const DUMP_STALL: std::time::Duration = std::time::Duration::from_secs(60);
-/// Dump lines gathered before they are sent.
+/// Dump lines gathered before they are sent (a guess: a step's lines may be more or fewer).
 const BATCH: usize = 32 << 10;
+/// Volume bytes a step of a dump reads: its lines are a fraction of that.
+const STEP: u64 = 1 << 20;
 
 /// The commands answered here, other than `stats`.
 pub const NAMES: [&str; 9] =
@@ -169,59 +171,50 @@ async fn metadump(c: &mut Conn, which: &[u8]) -> Result<(), End> {
     .await
 }
 
-/// Streams the lines `each` writes for the live keys (at most `limit` listed; 0 = all), read
-/// on the blocking pool while the client takes them, then `END`.
+/// Streams the lines `each` writes for the live keys (at most `limit` listed; 0 = all), then
+/// `END`. One dump runs at a time (another is answered `BUSY`, memcached's line for a crawler
+/// already running), and it holds no thread while its client reads: the keys are listed a
+/// step at a time on the blocking pool ([`Store::keys_step`]), each step's lines sent before
+/// the next is read.
 async fn dump(
     c: &mut Conn,
     limit: u64,
-    mut each: impl FnMut(&mut Vec<u8>, KeyInfo<'_>) -> bool + Send + 'static,
+    each: impl FnMut(&mut Vec<u8>, KeyInfo<'_>) -> bool + Send + 'static,
 ) -> Result<(), End> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(2);
-    // The scan owns the sender: the channel ends when the scan does.
-    let app = c.app.clone();
-    let scan = blocking(&app, move |s| {
-        let (mut out, mut listed) = (Vec::with_capacity(BATCH), 0u64);
-        s.keys(|k| {
-            if tx.is_closed() {
-                return false; // the client went away (or stalled): stop at once
-            }
-            listed += each(&mut out, k) as u64;
-            if out.len() >= BATCH && tx.blocking_send(Bytes::from(std::mem::take(&mut out))).is_err() {
-                return false; // the client went away
-            }
-            limit == 0 || listed < limit
-        })?;
-        if !out.is_empty() {
-            let _ = tx.blocking_send(Bytes::from(out));
-        }
-        Ok(())
-    });
-    let mut scan = std::pin::pin!(scan);
-    let mut ended = None;
-    loop {
-        tokio::select! {
-            batch = rx.recv() => match batch {
-                // A client that stops taking a dump is closed, whatever --idle-timeout says: the
-                // scan holds a thread of the blocking pool while it waits.
-                Some(b) => match tokio::time::timeout(DUMP_STALL, c.send(b)).await {
-                    Ok(sent) => sent?,
-                    Err(_) => return Err(End::Closed),
-                },
-                None => break,
-            },
-            r = &mut scan, if ended.is_none() => ended = Some(r),
-        }
-    }
-    let ended = match ended {
-        Some(r) => r,
-        None => scan.await,
+    let listener = c.listener.clone();
+    let Ok(_running) = listener.dumps.try_acquire() else {
+        return line(c, "BUSY currently processing crawler request\r\n");
     };
-    match ended {
-        Ok(()) => line(c, "END\r\n"),
-        Err(e) => {
-            // What was sent stands; the client sees the dump cut short, never a false END.
-            tracing::error!(error = %e, "listing the keys failed");
-            line(c, "SERVER_ERROR reading the volumes failed\r\n")
+    let (mut cursor, mut listed, mut each) = (None, 0u64, each);
+    loop {
+        let step = blocking(&c.app, move |s| {
+            let mut out = Vec::with_capacity(BATCH);
+            let next = s.keys_step(cursor, STEP, |k| {
+                if limit == 0 || listed < limit {
+                    listed += each(&mut out, k) as u64;
+                }
+            });
+            next.map(|next| (out, next, listed, each))
+        })
+        .await;
+        let out;
+        (out, cursor, listed, each) = match step {
+            Ok(step) => step,
+            Err(e) => {
+                // What was sent stands; the client sees the dump cut short, never a false END.
+                tracing::error!(error = %e, "listing the keys failed");
+                return line(c, "SERVER_ERROR reading the volumes failed\r\n");
+            }
+        };
+        if !out.is_empty() {
+            // A client that stops taking a dump is closed, whatever --idle-timeout says.
+            match tokio::time::timeout(DUMP_STALL, c.send(Bytes::from(out))).await {
+                Ok(sent) => sent?,
+                Err(_) => return Err(End::Closed),
+            }
+        }
+        if cursor.is_none() || (limit != 0 && listed >= limit) {
+            return line(c, "END\r\n");
         }
     }
 }
