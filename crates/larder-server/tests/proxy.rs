@@ -744,3 +744,124 @@ fn members_that_stop_reading_are_detached_and_the_others_and_the_store_go_on() {
         assert!(n < body.len(), "member {i} that stopped reading was cut, not finished late: {n} bytes");
     }
 }
+
+/// Issue 39: an `Age` whose member carries parameters counts by its number (so a response that
+/// is 7200 s old is never served fresh for 3600 s); one that is no non-negative integer (a
+/// float, a sign, a prefix) is no Age at all (RFC 9111 §5.1); of several, the first counts.
+#[test]
+fn an_age_is_read_as_rfc_9111_asks() {
+    let o = Origin::start();
+    let cases: [(&str, &[&str], bool); 9] = [
+        ("/param", &["7200;foo=bar"], false),
+        ("/numeric-param", &["7200;foo=111"], false),
+        ("/float", &["7200.0"], true),
+        ("/negative", &["-7200"], true),
+        ("/letters", &["abc"], true),
+        ("/suffix", &["7200, 0"], false),
+        ("/prefix", &["0, 7200"], true),
+        ("/two-lines", &["7200", "0"], false),
+        ("/large", &["2147483648"], false),
+    ];
+    for (path, ages, _) in &cases {
+        let mut h = vec![("date", http_date(0)), ("cache-control", "max-age=3600".to_string())];
+        h.extend(ages.iter().map(|a| ("age", a.to_string())));
+        let h: Vec<(&str, &str)> = h.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        o.set(path, Answer::ok(b"x", &h));
+    }
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    for (path, ages, fresh) in cases {
+        get(&mut c, path, &[]);
+        let r = get(&mut c, path, &[]);
+        assert_eq!(x_cache(&r) == "HIT", fresh, "{path} with Age {ages:?}: {}", x_cache(&r));
+    }
+}
+
+/// Issue 39: a 304 updates every field of the stored response it validates (RFC 9111 §3.2),
+/// a new ETag, Content-MD5, Content-Encoding and Content-Range included, Content-Length
+/// excepted; and it is taken as it comes, never followed by a second, unconditional request.
+#[test]
+fn a_304_with_a_new_etag_and_other_fields_updates_the_stored_response() {
+    let o = Origin::start();
+    let old = [
+        ("cache-control", "max-age=1"),
+        ("etag", "\"abcdef\""),
+        ("content-md5", "rL0Y20zC+Fzt72VPzMSk2A=="),
+        ("content-encoding", "arizqhypgxofwne"),
+        ("content-range", "apetixmbqfujync"),
+        ("x-test", "a"),
+    ];
+    let mut a = Answer::ok(b"the body", &old);
+    a.not_modified = Some(
+        [
+            ("cache-control", "max-age=3600"),
+            ("etag", "\"ghijkl\""),
+            ("content-md5", "N7UdGUp1E+RbVvZSTy1R8g=="),
+            ("content-encoding", "askcumewogyqias"),
+            ("content-range", "aqgwmcsiyoeukaq"),
+            ("content-length", "99"),
+            ("x-test", "b"),
+        ]
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect(),
+    );
+    o.set("/u", a);
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    assert_eq!(get(&mut c, "/u", &[]).header("etag"), Some("\"abcdef\""));
+    std::thread::sleep(Duration::from_millis(1100));
+    for round in ["REVALIDATED", "HIT"] {
+        let r = get(&mut c, "/u", &[]);
+        assert_eq!((r.status, x_cache(&r), &r.body[..]), (200, round, &b"the body"[..]));
+        assert_eq!(r.header("etag"), Some("\"ghijkl\""), "{round}");
+        assert_eq!(r.header("content-md5"), Some("N7UdGUp1E+RbVvZSTy1R8g=="), "{round}");
+        assert_eq!(r.header("content-encoding"), Some("askcumewogyqias"), "{round}");
+        assert_eq!(r.header("content-range"), Some("aqgwmcsiyoeukaq"), "{round}");
+        assert_eq!(r.header("x-test"), Some("b"), "{round}");
+        assert_eq!(r.header("content-length"), Some("8"), "{round}: the stored body's length");
+    }
+    assert_eq!(o.count("/u"), 2, "the fetch, then one conditional request");
+    assert_eq!(o.seen("/u")[1].header("if-none-match"), Some("\"abcdef\""));
+}
+
+/// Issue 39: `Surrogate-Control` addressed to larder (to every surrogate, or by its token
+/// `;larder`, which larder names in `Surrogate-Capability` on its requests) takes precedence
+/// over `Cache-Control` here, a `max-age` there making a `no-store` response storable; one
+/// addressed to another device is not larder's. It is removed before the response goes on,
+/// fetched, stored or passed through. `CDN-Cache-Control` is obeyed likewise and forwarded
+/// (RFC 9213: another CDN down the path may obey it too).
+#[test]
+fn surrogate_control_addressed_to_larder_rules_here_and_goes_no_further() {
+    let o = Origin::start();
+    o.set("/mine", Answer::ok(b"a", &[("surrogate-control", "max-age=3600;larder"), ("cache-control", "no-store")]));
+    o.set("/all", Answer::ok(b"b", &[("surrogate-control", "max-age=3600"), ("cache-control", "no-store")]));
+    o.set("/theirs", Answer::ok(b"c", &[("surrogate-control", "max-age=3600;other"), ("cache-control", "no-store")]));
+    o.set(
+        "/theirs-aged",
+        Answer::ok(b"d", &[("date", &http_date(0)), ("surrogate-control", "max-age=3600;other"), ("age", "7200")]),
+    );
+    o.set("/nostore", Answer::ok(b"e", &[("surrogate-control", "no-store;larder"), ("cache-control", "max-age=60")]));
+    o.set("/cdn", Answer::ok(b"f", &[("cdn-cache-control", "max-age=3600"), ("cache-control", "no-store")]));
+    let s = proxy(&o, &[]);
+    let mut c = s.client();
+    for (path, stored) in
+        [("/mine", true), ("/all", true), ("/theirs", false), ("/theirs-aged", false), ("/nostore", false)]
+    {
+        let first = get(&mut c, path, &[]);
+        let again = get(&mut c, path, &[]);
+        assert_eq!(x_cache(&again) == "HIT", stored, "{path}: {}", x_cache(&again));
+        for r in [&first, &again] {
+            assert_eq!(r.header("surrogate-control"), None, "{path}: removed ({})", x_cache(r));
+        }
+        let cap = o.seen(path)[0].header("surrogate-capability").map(str::to_string);
+        assert_eq!(cap.as_deref(), Some("larder=\"Surrogate/1.0\""), "{path}");
+    }
+    get(&mut c, "/cdn", &[]);
+    let r = get(&mut c, "/cdn", &[]);
+    assert_eq!((x_cache(&r), r.header("cdn-cache-control")), ("HIT", Some("max-age=3600")));
+    // Passed through (an unsafe method): removed too.
+    o.set("/post", Answer::ok(b"g", &[("surrogate-control", "max-age=60")]));
+    let r = c.request("POST", "/post", &[], b"x");
+    assert_eq!((x_cache(&r), r.header("surrogate-control")), ("PASS", None));
+}

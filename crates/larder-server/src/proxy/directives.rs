@@ -137,15 +137,26 @@ fn cdn_directives(h: &HeaderMap) -> Option<Directives> {
     Some(d)
 }
 
+/// The device token larder names itself by to an origin (`Surrogate-Capability`), and which a
+/// `Surrogate-Control` directive may target (`max-age=60;larder`).
+pub const SURROGATE_TOKEN: &str = "larder";
+
 /// The directives of `Surrogate-Control` (the W3C Edge Architecture's header for caches in
-/// front of an origin, which CDN-Cache-Control succeeds), if it has any larder knows in a
-/// valid form: `max-age=N` (its `+M` extension ignored) and `no-store`. Strict where
-/// Cache-Control's parser is lenient: a space around `=` makes the directive invalid.
+/// front of an origin, which CDN-Cache-Control succeeds) addressed to larder, if it has any
+/// larder knows in a valid form: `max-age=N` (its `+M` extension ignored) and `no-store`,
+/// each for every surrogate or targeted at [`SURROGATE_TOKEN`] (`;larder`); a directive
+/// targeted at another device is not for larder. Strict where Cache-Control's parser is
+/// lenient: a space around `=` makes the directive invalid.
 fn surrogate_directives(h: &HeaderMap) -> Option<Directives> {
     let mut d = Directives { targeted: true, ..Directives::default() };
     let mut any = false;
     for line in h.get_all("surrogate-control") {
         for member in line.to_str().ok()?.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+            let member = match member.split_once(';') {
+                Some((m, target)) if target.trim() == SURROGATE_TOKEN => m.trim_end(),
+                Some(_) => continue,
+                None => member,
+            };
             let (name, arg) = match member.split_once('=') {
                 Some((n, a)) => (n, Some(a)),
                 None => (member, None),

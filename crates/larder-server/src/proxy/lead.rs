@@ -19,8 +19,8 @@ use crate::storeio;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{
-    HeaderMap, HeaderName, HeaderValue, AGE, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, ETAG, IF_MODIFIED_SINCE,
-    IF_NONE_MATCH, LAST_MODIFIED,
+    HeaderMap, HeaderName, HeaderValue, AGE, AUTHORIZATION, CONTENT_LENGTH, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH,
+    LAST_MODIFIED,
 };
 use hyper::{Method, Response, StatusCode};
 use larder_engine::{now_ms, Expiry, PutOptions, Touch};
@@ -156,16 +156,16 @@ pub(super) async fn refresh(
     h: &HeaderMap,
     times: Times,
 ) -> bool {
-    // §4.3.4: a 304 with a strong validator selects only a stored response with the same one.
-    if let Some(new) = h.get(ETAG).filter(|t| !t.as_bytes().starts_with(b"W/")) {
-        if old.headers.get(ETAG) != Some(new) {
-            return false;
-        }
-    }
+    // The validation asked about this stored response alone (its own validators, none of the
+    // client's: `fetch::plan`), so the 304 selects it (§4.3.4), whatever ETag it now carries:
+    // that is the representation's tag from now on. Fetching again instead would be a second
+    // request the client did not make.
     let mut fresh = origin::end_to_end(h);
     with_date(&mut fresh, times.response_ms);
+    // Every field replaces the stored one (§3.2) but Content-Length, which describes the
+    // stored body: the 304 has none.
     for name in fresh.keys() {
-        if [CONTENT_LENGTH, hyper::header::CONTENT_ENCODING, CONTENT_RANGE].contains(name) || *name == X_CACHE {
+        if *name == CONTENT_LENGTH || *name == X_CACHE {
             continue;
         }
         old.headers.remove(name);

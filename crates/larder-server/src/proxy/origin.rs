@@ -168,8 +168,20 @@ pub fn request_headers(client: &HeaderMap) -> HeaderMap {
     h.remove(UPGRADE);
     // Without a Host (an HTTP/1.0 client), hyper's client sends the origin's.
     h.append(VIA, HeaderValue::from_static(VIA_VALUE));
+    // larder is a surrogate (the W3C Edge Architecture): an origin may address
+    // Surrogate-Control to it by this token.
+    h.append(SURROGATE_CAPABILITY.clone(), HeaderValue::from_static(SURROGATE_CAPABILITY_VALUE));
     h
 }
+
+/// The request field by which a surrogate tells the origin its device token and abilities.
+pub static SURROGATE_CAPABILITY: HeaderName = HeaderName::from_static("surrogate-capability");
+/// larder's: its token ([`super::directives::SURROGATE_TOKEN`]) and the Edge Architecture's
+/// version.
+const SURROGATE_CAPABILITY_VALUE: &str = "larder=\"Surrogate/1.0\"";
+/// The response field addressed to surrogates, which none passes on (the Edge Architecture):
+/// larder obeys it and removes it before a response goes to the client.
+pub static SURROGATE_CONTROL: HeaderName = HeaderName::from_static("surrogate-control");
 
 /// The header fields the cache fetches a client's GET or HEAD with (before the validators of a
 /// revalidation): the request's fields as [`request_headers`] forwards them, less its

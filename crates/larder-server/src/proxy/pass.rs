@@ -84,6 +84,7 @@ pub(super) fn relay(p: &Proxy, r: Response<Incoming>, head: bool) -> Resp {
     let mut resp = Response::new(out);
     *resp.status_mut() = parts.status;
     let mut h = origin::end_to_end(&parts.headers);
+    h.remove(&origin::SURROGATE_CONTROL);
     if no_body && !head {
         h.remove(CONTENT_LENGTH);
     }

@@ -144,11 +144,12 @@ pub fn current_age_ms(h: &HeaderMap, times: Times, now_ms: u64) -> u64 {
     }
     .unwrap_or(times.response_ms);
     // The first member of the first line (RFC 9111 §5.1: a list is invalid, its first value
-    // counts; an invalid one is no Age at all).
+    // counts; an invalid one is no Age at all), its parameters set aside: `7200;a=b` is 7200
+    // seconds old, never taken for fresh.
     let age_value = h
         .get(hyper::header::AGE)
         .and_then(|a| a.to_str().ok())
-        .and_then(|a| parse_delta(a.split(',').next().unwrap_or("").trim()))
+        .and_then(|a| parse_delta(a.split(',').next().unwrap_or("").split(';').next().unwrap_or("").trim()))
         .unwrap_or(0);
     let apparent = times.response_ms.saturating_sub(date_ms);
     let delay = times.response_ms.saturating_sub(times.request_ms);
@@ -277,6 +278,12 @@ mod tests {
         assert_eq!(current_age(&headers(&[("age", "7200, 0")]), t, 1_000_003_000), 7202);
         assert_eq!(current_age(&headers(&[("age", "7200"), ("age", "0")]), t, 1_000_003_000), 7202);
         assert_eq!(current_age(&headers(&[("age", "x")]), t, 1_000_003_000), 2);
+        // Parameters are set aside; a float, a sign or a prefix makes it no Age at all.
+        assert_eq!(current_age(&headers(&[("age", "7200;foo=bar")]), t, 1_000_003_000), 7202);
+        assert_eq!(current_age(&headers(&[("age", "7200;foo=111")]), t, 1_000_003_000), 7202);
+        for invalid in ["7200.0", "-7200", "a7200", "7200a", "+7200", ""] {
+            assert_eq!(current_age(&headers(&[("age", invalid)]), t, 1_000_003_000), 2, "{invalid}");
+        }
     }
 
     #[test]
@@ -347,6 +354,11 @@ mod tests {
         let d = Directives::of_response(&headers(&[("cdn-cache-control", "no-cache;a=1, s-maxage=5")]));
         assert!(d.no_cache && d.s_maxage == Some(Delta::Secs(5)));
         assert_eq!(life(&[("cdn-cache-control", "max-age=5, max-age=9")]), 9, "the last of a key counts");
+        // Surrogate-Control addressed to larder, or to every surrogate; not another device's.
+        assert_eq!(life(&[("surrogate-control", "max-age=3600;larder"), ("cache-control", "max-age=1")]), 3600);
+        assert_eq!(life(&[("surrogate-control", "max-age=3600;other"), ("cache-control", "max-age=7")]), 7);
+        let h = headers(&[("surrogate-control", "max-age=100;larder"), ("cache-control", "no-store")]);
+        assert!(!Directives::of_response(&h).no_store, "it takes precedence: storable here");
         // Surrogate-Control, below CDN-Cache-Control and above Cache-Control and Expires.
         assert_eq!(life(&[("surrogate-control", "foobar, MaX-aGe=3600"), ("cache-control", "max-age=1")]), 3600);
         assert_eq!(life(&[("surrogate-control", "max-age=0"), ("expires", "Thu, 01 Jan 2099 00:00:00 GMT")]), 0);

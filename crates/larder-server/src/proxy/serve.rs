@@ -24,7 +24,7 @@ use std::sync::Arc;
 /// The fields a stored response is answered with, and `Age`, `X-Cache`, `Via`.
 pub(super) fn answer_headers(r: &mut Resp, stored: &HeaderMap, age: u64, x_cache: &'static str) {
     let h = r.headers_mut();
-    for (n, v) in stored {
+    for (n, v) in stored.iter().filter(|(n, _)| **n != origin::SURROGATE_CONTROL) {
         h.append(n.clone(), v.clone());
     }
     h.insert(AGE, HeaderValue::from(age));
