@@ -6,8 +6,10 @@
 //! - `hitratio`: larder's engine as a read-through cache under zipf: hit ratio per tier.
 //! - `compare`: starts larder and nginx, runs the standard suite against both, alternating
 //!   (with `--large`, also values of 64 MiB and 1 GiB, streamed).
+//! - `crash-loop`: kill -9 cycles under a mixed load, every key checked against a model.
 
 mod compare;
+mod crash;
 mod engine;
 mod foyer_kv;
 mod hitratio;
@@ -43,6 +45,9 @@ enum Command {
     Compare(compare::CompareArgs),
     /// Load a memcached-protocol server (larder's --memcache-listen, or memcached).
     Memcache(memcache::MemcacheArgs),
+    /// Kill -9 a larder server again and again under a mixed load, checking every key against
+    /// a model of what was acknowledged.
+    CrashLoop(crash::CrashArgs),
 }
 
 fn main() {
@@ -54,6 +59,7 @@ fn main() {
         Command::Memory(args) => memory::run(args),
         Command::Hitratio(args) => hitratio::run(args),
         Command::Memcache(args) => memcache::run(args).map(|_| ()),
+        Command::CrashLoop(args) => crash::run(args),
     };
     if let Err(e) = result {
         eprintln!("larder-bench: {e:#}");

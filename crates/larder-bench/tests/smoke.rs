@@ -158,3 +158,25 @@ fn hitratio_mode_reports_every_policy_and_fifo() {
     assert_eq!(rows[6]["reinsert_min_hits"].as_u64(), Some(0));
     assert!(rows[0]["reinserted"].as_u64().unwrap() > 0, "the ring turned and reinserted: {}", rows[0]);
 }
+
+#[test]
+fn crash_loop_kills_and_checks_every_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("crash.json");
+    let out = run_ok(
+        bench().args(["crash-loop", "--cycles", "5", "--keys", "60", "--twins", "2", "--load", "200ms"]).args([
+            "--larder".as_ref(),
+            larder_bin().as_os_str(),
+            "--json".as_ref(),
+            json.as_os_str(),
+        ]),
+    );
+    assert!(out.contains("5 kill -9 cycles"), "{out}");
+    let f: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(f["cycles"], 5);
+    assert!(f["acknowledged_writes"].as_u64().unwrap() > 0, "{f}");
+    assert!(f["keys_checked"].as_u64().unwrap() >= 5 * 64, "every key, every cycle: {f}");
+    for bad in ["resurrected_deletes", "stale", "wrong_bytes", "lost_acknowledged"] {
+        assert_eq!(f[bad], 0, "{bad}: {f}");
+    }
+}
