@@ -23,8 +23,25 @@ ruby -e 'require "active_support"' 2>/dev/null || need+=(ruby-activesupport)
 command -v rclone >/dev/null || need+=(rclone)
 command -v bazel >/dev/null || need+=(bazel-bootstrap)
 command -v gcc >/dev/null || need+=(gcc)
+# memcached's own test suite: Perl (its Test::More) and xz for its source tarball.
+command -v perl >/dev/null || need+=(perl)
+command -v xz >/dev/null || need+=(xz-utils)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
 fi
+# memcached 1.6.18's own test suite (t/, Perl), which tests/memcached_suite.rs runs against
+# larder: the source Debian 12 builds its memcached from, from Debian's archive, checked.
+target="$(cd "$(dirname "$0")/.." && pwd)/target"
+suite="$target/memcached-1.6.18"
+if [ ! -f "$suite/t/lib/MemcachedTest.pm" ]; then
+  tarball=memcached_1.6.18.orig.tar.xz
+  mkdir -p "$target"
+  curl -fsS --retry 3 -o "$target/$tarball" "http://deb.debian.org/debian/pool/main/m/memcached/$tarball"
+  echo "35872bd25f8d29d7cc2072d23e74344530891bfd0aa4f4f64184a8ae7291164b  $target/$tarball" | sha256sum -c --quiet
+  tar -C "$target" -xJf "$target/$tarball"
+  rm "$target/$tarball"
+fi
+# The suite asks its binary what it supports (memcached -h): Debian's memcached answers.
+ln -sf /usr/bin/memcached "$suite/memcached-debug"

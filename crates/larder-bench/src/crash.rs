@@ -174,7 +174,8 @@ fn version_in(name: &str, body: &[u8]) -> Option<u64> {
     fill.iter().enumerate().all(|(i, &b)| b == b'a' + ((version as usize + i) % 26) as u8).then_some(version)
 }
 
-/// An expiry not known (a touch the server died under): the value may or may not be there.
+/// An expiry not known (after a read the model did not allow): the value may or may not be
+/// there.
 const UNKNOWN: u64 = u64::MAX;
 
 /// Whether `seen` may be what a key held as `h` reads as at `now` (ms).
@@ -183,7 +184,9 @@ fn allows(h: Held, seen: Option<u64>, now: u64) -> bool {
     match (h, seen) {
         (Held::Absent, None) => true,
         (Held::Absent, Some(_)) => false,
-        (Held::Value { expires, .. }, None) => expires != 0 && now.saturating_add(SLACK) >= expires,
+        (Held::Value { expires, .. }, None) => {
+            expires == UNKNOWN || (expires != 0 && now.saturating_add(SLACK) >= expires)
+        }
         (Held::Value { version, expires }, Some(v)) => {
             v == version && (expires == 0 || expires == UNKNOWN || now <= expires + SLACK)
         }
@@ -234,13 +237,14 @@ fn check(k: &mut Key, seen: Option<u64>, f: &mut Figures) {
     }];
 }
 
-/// Reads `k` and checks it; `Err` when the server did not answer (it died).
-fn read_check(addr: SocketAddr, k: &mut Key, f: &mut Figures) -> Result<(), ()> {
-    let (status, body) = request(addr, "GET", &k.name, &[], b"").ok_or(())?;
+/// Reads `k` and checks it; `Err` with the status (0: no answer) when the server did not
+/// answer 200 or 404 (it died, or failed).
+fn read_check(addr: SocketAddr, k: &mut Key, f: &mut Figures) -> Result<(), u16> {
+    let (status, body) = request(addr, "GET", &k.name, &[], b"").ok_or(0u16)?;
     let seen = match status {
         200 => Some(version_in(&k.name, &body).unwrap_or(u64::MAX)),
         404 => None,
-        _ => return Err(()),
+        s => return Err(s),
     };
     check(k, seen, f);
     Ok(())
@@ -291,17 +295,22 @@ fn load(addr: SocketAddr, keys: &mut [Key], until: Instant, seed: u64, f: &mut F
                 f.acknowledged_writes += 1;
                 k.acked = vec![h];
             }
-            ("PATCH", 200, _) => {
-                let single = k.acked.len() == 1;
-                // Each value it may hold, touched: its expiry is now the new one, or unknown
-                // where another version than the one assumed was live.
+            ("PATCH", 200, Some(Held::Value { expires: e, .. })) => {
+                // The live value, whichever version of those the key may hold, now expires
+                // at `e`; none was absent.
+                k.acked.retain(|h| matches!(h, Held::Value { .. }));
                 for h in &mut k.acked {
                     if let Held::Value { expires, .. } = h {
-                        *expires = match next {
-                            Some(Held::Value { expires: e, .. }) if single => e,
-                            _ => UNKNOWN,
-                        };
+                        *expires = e;
                     }
+                }
+                k.acked.dedup();
+            }
+            // Live where the model has nothing live: the read says what it is, and is checked.
+            ("PATCH", 200, None) => {
+                k.pending = None;
+                if read_check(addr, k, f).is_err() {
+                    return;
                 }
             }
             // A value that expired meanwhile, or that a twin took: as it was.
@@ -326,7 +335,8 @@ fn start(a: &CrashArgs, dir: &std::path::Path) -> Result<Server> {
         .arg(dir)
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        // The server's log, kept beside the data directory, for a failure's report.
+        .stderr(Stdio::from(std::fs::OpenOptions::new().create(true).append(true).open(dir.with_extension("log"))?))
         .spawn()
         .with_context(|| format!("starting {}", a.larder.display()))?;
     let mut line = String::new();
@@ -381,8 +391,16 @@ pub fn run(a: CrashArgs) -> Result<()> {
         let mut f = figures.lock().unwrap().clone();
         for keys in owned.iter_mut() {
             for k in keys.iter_mut() {
-                if read_check(s.addr, k, &mut f).is_err() {
-                    bail!("cycle {cycle}: the server stopped answering while it was checked");
+                if let Err(status) = read_check(s.addr, k, &mut f) {
+                    let alive = s.child.try_wait().ok().flatten().is_none();
+                    let log = std::fs::read_to_string(dir.with_extension("log")).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                    bail!(
+                        "cycle {cycle}: GET {} answered {status} while the keys were checked (server {}); its log ends:\n{}",
+                        k.name,
+                        if alive { "running" } else { "exited" },
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    );
                 }
             }
         }
@@ -432,7 +450,7 @@ pub fn run(a: CrashArgs) -> Result<()> {
     {
         let mut f = figures.lock().unwrap();
         for k in owned.iter_mut().flatten() {
-            read_check(s.addr, k, &mut f).map_err(|_| anyhow::anyhow!("the server stopped answering"))?;
+            read_check(s.addr, k, &mut f).map_err(|st| anyhow::anyhow!("GET {} answered {st}", k.name))?;
         }
     }
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };

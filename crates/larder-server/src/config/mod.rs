@@ -187,8 +187,9 @@ pub struct ServeArgs {
     /// Keep-alive connections with no traffic for this long are closed [default: 60s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub idle_timeout: Option<Duration>,
-    /// Open connections at most; past it idle ones are closed to make room, never-used ones
-    /// first [default: 10000].
+    /// Open connections at most, on each listener; past it idle ones are closed to make room,
+    /// never-used ones first [default: 10000 over HTTP, 1024 over memcached's protocol, as
+    /// memcached's own -c].
     #[arg(long, value_name = "N")]
     pub max_connections: Option<u32>,
     /// File whose first line is the bearer token that PUT, DELETE, stats and metrics require
@@ -455,8 +456,10 @@ pub struct Settings {
     pub header_timeout: Duration,
     /// Idle connection timeout.
     pub idle_timeout: Duration,
-    /// Open connections at most.
+    /// Open HTTP connections at most.
     pub max_connections: usize,
+    /// Open memcached-protocol connections at most.
+    pub memcache_max_connections: usize,
     /// The bearer token writes and admin endpoints require, if any.
     pub auth_token: Option<Token>,
     /// Whether reads require the token too.
@@ -599,6 +602,7 @@ impl ServeArgs {
             header_timeout: dur(self.header_timeout, &file.header_timeout, Duration::from_secs(10))?,
             idle_timeout: dur(self.idle_timeout, &file.idle_timeout, Duration::from_secs(60))?,
             max_connections: self.max_connections.or(file.max_connections).unwrap_or(10_000).max(1) as usize,
+            memcache_max_connections: self.max_connections.or(file.max_connections).unwrap_or(1024).max(1) as usize,
             auth_token: load_token(
                 self.auth_token.as_ref().or(file.auth_token.as_ref()),
                 std::env::var("LARDER_AUTH_TOKEN").ok(),

@@ -7,6 +7,7 @@
 //! value and write the new one on the condition that it is still the one read (and go round
 //! again if not); `flush_all` is the engine's flush, saved before it is answered.
 
+use super::logs::{detail, Op as DetailOp};
 use super::stats::{command_index, stats, Outcome};
 use super::text::{self, Command, Parsed, StoreOp, LINE_MAX, REALTIME_MAXDELTA};
 use super::{access, counters, Conn, End};
@@ -207,11 +208,34 @@ async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
         Command::Get { keys, cas, touch } => get(c, store, &keys, cas, touch).await,
         Command::Store { op, key, flags, exptime, len, cas, noreply } => {
             let name = cmd.name();
+            detail().record(key, DetailOp::Set);
+            // A store looks the key up first, as memcached's does: its watchers see both.
+            let watched = c.listener.log.watched();
+            if watched {
+                let prior = read_body_of(&c.app, store, key, Part::Nothing).await.ok().flatten();
+                c.listener.log.item_get(key, prior.map(|f| f.value().len), c.id);
+            }
             let r = store_cmd(c, store, op, key, flags, exptime, len as u64, cas).await?;
+            if watched {
+                let status = match answer_outcome(&r) {
+                    Outcome::Stored => "stored",
+                    Outcome::Exists => "exists",
+                    Outcome::NotFound => "not_found",
+                    _ => "not_stored",
+                };
+                let ttl = match exptime {
+                    t if t <= 0 => 0,
+                    t if t <= REALTIME_MAXDELTA => t as u64,
+                    t => (t as u64).saturating_sub(now_ms() / 1000),
+                };
+                let cmd = String::from_utf8_lossy(name);
+                c.listener.log.item_store(key, status, &cmd, ttl, c.id, len.max(0) as u64);
+            }
             reply(c, command_index(name), r, noreply);
             Ok(())
         }
         Command::Delete { key, noreply } => {
+            detail().record(key, DetailOp::Delete);
             let k = key.to_vec();
             let r =
                 quick(&c.app, move |s, wait| s.delete(&k, &DeleteOptions { nonblocking: !wait, ..Default::default() }))
@@ -319,6 +343,12 @@ fn failed(e: &larder_engine::Error) -> Answer {
     Answer::Owned(outcome, server_error(e))
 }
 
+fn answer_outcome(a: &Answer) -> Outcome {
+    match a {
+        Answer::Line(o, _) | Answer::Owned(o, _) | Answer::Sent(o) => *o,
+    }
+}
+
 fn reply(c: &mut Conn, command: usize, a: Answer, noreply: bool) {
     let (outcome, line) = match &a {
         Answer::Line(o, l) => (*o, l.as_bytes()),
@@ -397,6 +427,8 @@ async fn get(c: &mut Conn, store: &Store, keys: &[&[u8]], cas: bool, touch: Opti
             }
             (found, _) => found,
         };
+        detail().record(key, DetailOp::Get { hit: found.is_some() });
+        c.listener.log.item_get(key, found.as_ref().map(|f| f.value().len), c.id);
         let Some(found) = found else {
             counters().count(command, Outcome::Miss);
             continue;

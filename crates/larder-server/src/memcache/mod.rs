@@ -9,6 +9,7 @@
 mod access;
 mod binary;
 mod exec;
+mod logs;
 mod mdma;
 mod meta;
 mod operator;
@@ -103,6 +104,8 @@ pub struct Listener {
     /// The key dump running, if any (`operator::dump`): one at a time, as memcached runs one
     /// crawler; another is answered `BUSY`.
     dumps: tokio::sync::Semaphore,
+    /// The log stream `watch` reads.
+    log: logs::Log,
 }
 
 const CLOCK_TICK: Duration = Duration::from_millis(20);
@@ -116,7 +119,7 @@ impl Listener {
     /// `None` when every connection is busy.
     fn admit(&self, peer: std::net::SocketAddr) -> Option<(u64, Arc<Entry>, oneshot::Receiver<()>)> {
         let mut r = self.registry.lock();
-        if r.open.len() >= self.app.settings.max_connections {
+        if r.open.len() >= self.app.settings.memcache_max_connections {
             let now = self.now_ms();
             let quiet = QUIET_BEFORE_CLOSE.as_millis() as u64;
             let victim = r
@@ -205,6 +208,7 @@ pub async fn run(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Rece
         epoch: Instant::now(),
         clock_ms: AtomicU64::new(0),
         dumps: tokio::sync::Semaphore::new(1),
+        log: logs::Log::default(),
     });
     let mut conns = JoinSet::new();
     let mut clock = tokio::time::interval(CLOCK_TICK);
@@ -286,6 +290,8 @@ pub(crate) struct Conn {
     pub status: u16,
     /// Whether the connection speaks the binary protocol (for counting by door).
     pub binary: bool,
+    /// Its id, as `stats conns` and the log stream (`cfd`) name it.
+    pub id: u64,
     /// The unit of input being read, and so when it must be in.
     reading: Reading,
     /// The input buffer's room in the budget beyond [`FREE_INPUT`]: in the heads' pool for
@@ -646,6 +652,7 @@ async fn serve(l: Arc<Listener>, stream: TcpStream, close: oneshot::Receiver<()>
         who: crate::guard::Identity::Anonymous,
         status: 0,
         binary: false,
+        id,
         reading: Reading::Between,
         head_room: app.body_budget.head(),
         body_room: app.body_budget.body(),

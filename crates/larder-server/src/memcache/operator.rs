@@ -23,7 +23,7 @@ const CLASSES: i64 = 64;
 /// The one class larder's items are in.
 const CLASS: i64 = 1;
 /// What memcached's metadump leaves unencoded in a key: RFC 3986's unreserved characters.
-const URI_ENCODE: &percent_encoding::AsciiSet =
+pub(super) const URI_ENCODE: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 /// The longest a dump waits for its client to take a batch of lines.
 const DUMP_STALL: std::time::Duration = std::time::Duration::from_secs(60);
@@ -233,9 +233,12 @@ pub(super) async fn run(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
     let arg = |i: usize| words.get(i).copied();
     let n = words.len();
     let answer = match (words[0], arg(1)) {
-        // `-W`: larder has no log stream to watch.
-        (b"watch", _) => "CLIENT_ERROR watch commands not allowed\r\n",
-        (b"slabs", Some(b"automove")) if n == 3 && matches!(arg(2), Some(b"0" | b"1" | b"2")) => "OK\r\n",
+        (b"watch", _) => return super::logs::watch(c, words).await,
+        (b"slabs", Some(b"automove")) if n == 3 => match number(words[2]) {
+            Some(0..=2) => "OK\r\n",
+            Some(_) => "ERROR\r\n",
+            None => "CLIENT_ERROR bad command line format\r\n",
+        },
         // `-o no_slab_reassign`: there are no slab pages to move.
         (b"slabs", Some(b"reassign")) if n == 4 && !noreply => "CLIENT_ERROR slab reassignment disabled\r\n",
         (b"lru_crawler", Some(b"metadump")) if n >= 3 => return metadump(c, words[2]).await,

@@ -150,7 +150,7 @@ fn settings(c: &Conn, store: &Store) -> String {
     let s = &c.app.settings;
     let lines = [
         ("maxbytes", cfg.volume_size * cfg.volume_count as u64),
-        ("maxconns", s.max_connections as u64),
+        ("maxconns", s.memcache_max_connections as u64),
         ("tcpport", s.memcache_listen.map_or(0, |a| a.port() as u64)),
         ("item_size_max", cfg.max_value_size),
         ("idle_timeout", s.idle_timeout.as_secs()),
@@ -174,11 +174,18 @@ pub(super) async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
     m.count(command_index(b"stats"), Outcome::Ok);
     match args.first().copied() {
         None | Some(b"items" | b"slabs") => {}
-        Some(b"reset") => return "RESET\r\n".into(),
-        // larder keeps no per-prefix counts: the switch is taken and the dump is empty.
+        // The counters are the server's own (metrics read them); the per-prefix ones go.
+        Some(b"reset") => {
+            super::logs::detail().reset();
+            return "RESET\r\n".into();
+        }
+        // Per-prefix counts (`watch::Detail`).
         Some(b"detail") => match args.get(1).copied() {
-            Some(b"on" | b"off") => return "OK\r\n".into(),
-            Some(b"dump") => return "END\r\n".into(),
+            Some(w @ (b"on" | b"off")) => {
+                super::logs::detail().set(w == b"on");
+                return "OK\r\n".into();
+            }
+            Some(b"dump") => return super::logs::detail().dump(),
             _ => return "CLIENT_ERROR usage: stats detail on|off|dump\r\n".into(),
         },
         Some(b"settings") => return settings(c, store),
@@ -208,7 +215,7 @@ pub(super) async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
     stat("time", (now / 1000).to_string());
     stat("version", version());
     stat("pointer_size", (8 * std::mem::size_of::<usize>()).to_string());
-    stat("max_connections", c.app.settings.max_connections.to_string());
+    stat("max_connections", c.app.settings.memcache_max_connections.to_string());
     stat("curr_connections", m.curr_connections.load(Ordering::Relaxed).to_string());
     stat("total_connections", m.total_connections.load(Ordering::Relaxed).to_string());
     stat("rejected_connections", m.rejected_connections.load(Ordering::Relaxed).to_string());
