@@ -68,11 +68,13 @@ pub(crate) enum Job {
         /// durable, so a crash never brings back a head whose chunks are holes.
         after: u64,
     },
-    /// A write of the key hashed `hash` replaced the entry naming `loc`, whose header was not
-    /// in the page cache: counts a false eviction if that record is another key's.
+    /// A write of the key hashed `hash` (append count `after`) replaced the entry naming
+    /// `loc`, whose header was not in the page cache: counts a false eviction if that record
+    /// is another key's, else retires it (`Disk::retired`).
     Replaced {
         loc: Loc,
         hash: u64,
+        after: u64,
     },
 }
 
@@ -225,18 +227,22 @@ impl Disk {
         }
     }
 
-    /// Counts a false eviction if the entry a write of `key` (hashed `hash`) replaced (naming
-    /// `before`) was another key's. A read that does not wait, after the writer lock; the
-    /// maintenance thread reads what is not in the page cache.
-    pub fn check_replaced(&self, before: Loc, hash: u64, key: &[u8]) {
-        match self.ring.other_key_at(before, key) {
+    /// What a write of `key` (hashed `hash`, append count `after`) that replaced the entry
+    /// naming `before` does about it: the key's own record is retired (a large value's chunks
+    /// freed); another key's (a false eviction) is counted and left whole, since recovery may
+    /// find it again as that key's value, which must then read whole. `other` is whether it is
+    /// another key's, if known without a read; else a read that does not wait, after the
+    /// writer lock, or the maintenance thread's, which reads what is not in the page cache.
+    pub fn replaced(&self, before: Loc, other: Option<bool>, hash: u64, key: &[u8], after: u64) {
+        match other.map(Some).or_else(|| self.ring.other_key_at(before, key)) {
             Some(Some(true)) => {
                 self.ring.counters.false_evictions.fetch_add(1, Ordering::Relaxed);
             }
-            Some(_) => {}
+            Some(Some(false)) => self.retired(before, after),
+            Some(None) => {}
             None => {
                 let queued = self.replaced_checks.fetch_add(1, Ordering::Relaxed) < MAX_REPLACED_CHECKS
-                    && self.send(Job::Replaced { loc: before, hash });
+                    && self.send(Job::Replaced { loc: before, hash, after });
                 if !queued {
                     self.replaced_checks.fetch_sub(1, Ordering::Relaxed);
                 }
@@ -244,12 +250,16 @@ impl Disk {
         }
     }
 
-    /// The maintenance thread's half of [`Disk::check_replaced`]: `found` is the key hash of
-    /// the replaced record, read blocking.
-    pub fn count_replaced(&self, found: Option<u64>, hash: u64) {
+    /// The maintenance thread's half of [`Disk::replaced`]: `found` is the key hash of the
+    /// replaced record at `loc`, read blocking.
+    pub fn count_replaced(&self, found: Option<u64>, loc: Loc, hash: u64, after: u64) {
         self.replaced_checks.fetch_sub(1, Ordering::Relaxed);
-        if found.is_some_and(|h| h != hash) {
-            self.ring.counters.false_evictions.fetch_add(1, Ordering::Relaxed);
+        match found {
+            Some(h) if h != hash => {
+                self.ring.counters.false_evictions.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(_) => self.retired(loc, after),
+            None => {}
         }
     }
 

@@ -44,7 +44,9 @@ fn run_job(disk: &Disk, memory: Option<&Memory>, job: Job) {
             disk.ring.counters.evicted_entries.fetch_add(removed, Ordering::Relaxed);
         }
         Job::Punch { head, generation, after } => punch(disk, head, generation, after),
-        Job::Replaced { loc, hash } => disk.count_replaced(disk.ring.key_hash_at(loc, false).flatten(), hash),
+        Job::Replaced { loc, hash, after } => {
+            disk.count_replaced(disk.ring.key_hash_at(loc, false).flatten(), loc, hash, after)
+        }
         Job::Manifest => {
             if let Err(e) = crate::disk::dirs::save_manifest(&mut disk.ring.manifest.lock(), &disk.ring.dirs) {
                 tracing::warn!(error = %e, "could not update the manifest");

@@ -369,15 +369,8 @@ impl Store {
                 self.reconcile_memory(hash, key, Some((c, seen)));
             }
         }
-        if let Some(before) = before {
-            sh.retired(before, seq);
-            match other {
-                Some(Some(true)) => {
-                    sh.ring.counters.false_evictions.fetch_add(1, Ordering::Relaxed);
-                }
-                Some(None) => sh.check_replaced(before, hash, key),
-                _ => {}
-            }
+        if let (Some(before), Some(other)) = (before, other) {
+            sh.replaced(before, other, hash, key, seq);
         }
         sh.ring.counters.puts.fetch_add(1, Ordering::Relaxed);
         let version = Version { len: total_len, crc: total_crc, stored_ms: header.stored_ms };
