@@ -209,27 +209,10 @@ async fn run(c: &mut Conn, cmd: Command<'_>) -> Result<(), End> {
         Command::Store { op, key, flags, exptime, len, cas, noreply } => {
             let name = cmd.name();
             detail().record(key, DetailOp::Set);
-            // A store looks the key up first, as memcached's does: its watchers see both.
-            let watched = c.listener.log.watched();
-            if watched {
-                let prior = read_body_of(&c.app, store, key, Part::Nothing).await.ok().flatten();
-                c.listener.log.item_get(key, prior.map(|f| f.value().len), c.id);
-            }
+            let watched = super::logs::before_store(c, store, key).await;
             let r = store_cmd(c, store, op, key, flags, exptime, len as u64, cas).await?;
             if watched {
-                let status = match answer_outcome(&r) {
-                    Outcome::Stored => "stored",
-                    Outcome::Exists => "exists",
-                    Outcome::NotFound => "not_found",
-                    _ => "not_stored",
-                };
-                let ttl = match exptime {
-                    t if t <= 0 => 0,
-                    t if t <= REALTIME_MAXDELTA => t as u64,
-                    t => (t as u64).saturating_sub(now_ms() / 1000),
-                };
-                let cmd = String::from_utf8_lossy(name);
-                c.listener.log.item_store(key, status, &cmd, ttl, c.id, len.max(0) as u64);
+                super::logs::after_store(c, key, answer_outcome(&r), name, exptime, len);
             }
             reply(c, command_index(name), r, noreply);
             Ok(())

@@ -6,12 +6,17 @@
 //! being the connection id `stats conns` shows. Lines are made only while someone watches,
 //! and a watcher that falls behind loses lines, never slows the commands it watches.
 
+use super::stats::Outcome;
+use super::text::REALTIME_MAXDELTA;
 use super::{Conn, End};
+use crate::storeio::read_body_of;
 use bytes::Bytes;
+use larder_engine::{Part, Store};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use tokio::io::AsyncReadExt;
 use tokio::sync::broadcast;
 
 /// Items fetched (memcached's `fetchers`).
@@ -89,6 +94,34 @@ impl Log {
     }
 }
 
+/// Before a text storage command: whether anyone watches, and if so the lookup of the key a
+/// store makes first, as memcached's does (its watchers see an `item_get` for it).
+pub(super) async fn before_store(c: &Conn, store: &Store, key: &[u8]) -> bool {
+    if !c.listener.log.watched() {
+        return false;
+    }
+    let prior = read_body_of(&c.app, store, key, Part::Nothing).await.ok().flatten();
+    c.listener.log.item_get(key, prior.map(|f| f.value().len), c.id);
+    true
+}
+
+/// After a text storage command (`name`, `exptime` and `len` as the client sent them) that
+/// [`before_store`] found watched: its `item_store` line.
+pub(super) fn after_store(c: &Conn, key: &[u8], outcome: Outcome, name: &[u8], exptime: i64, len: i64) {
+    let status = match outcome {
+        Outcome::Stored => "stored",
+        Outcome::Exists => "exists",
+        Outcome::NotFound => "not_found",
+        _ => "not_stored",
+    };
+    let ttl = match exptime {
+        t if t <= 0 => 0,
+        t if t <= REALTIME_MAXDELTA => t as u64,
+        t => (t as u64).saturating_sub(larder_engine::now_ms() / 1000),
+    };
+    c.listener.log.item_store(key, status, &String::from_utf8_lossy(name), ttl, c.id, len.max(0) as u64);
+}
+
 /// `watch [fetchers] [mutations] …`: `OK`, then the lines of the kinds asked for (fetchers
 /// alone when none is named) until the client goes. Kinds larder has no events of
 /// (`evictions`, `sysevents`, …) are taken and stay quiet; an unknown word is `ERROR`.
@@ -113,14 +146,38 @@ pub(super) async fn watch(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
     let mut rx = c.listener.log.tx.subscribe();
     c.out.extend_from_slice(b"OK\r\n");
     c.flush().await?;
+    enum Event {
+        Line(Result<(u8, Arc<str>), broadcast::error::RecvError>),
+        /// The client went, or the server asks the connection to close (a stop, the limit).
+        Gone,
+        /// Bytes from the client, which a watching connection ignores (as memcached's).
+        Input,
+    }
+    let mut scratch = [0u8; 512];
     loop {
-        match rx.recv().await {
-            Ok((kind, line)) if kind & kinds != 0 => c.send(Bytes::copy_from_slice(line.as_bytes())).await?,
-            Ok(_) => {}
-            Err(broadcast::error::RecvError::Lagged(n)) => {
+        let (stream, close) = (&mut c.stream, &mut c.close);
+        let asked = async {
+            match close.as_mut() {
+                Some(asked) => {
+                    let _ = asked.await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let event = tokio::select! {
+            r = rx.recv() => Event::Line(r),
+            _ = asked => Event::Gone,
+            n = stream.read(&mut scratch) => if matches!(n, Ok(0) | Err(_)) { Event::Gone } else { Event::Input },
+        };
+        match event {
+            Event::Line(Ok((kind, line))) if kind & kinds != 0 => {
+                c.send(Bytes::copy_from_slice(line.as_bytes())).await?
+            }
+            Event::Line(Err(broadcast::error::RecvError::Lagged(n))) => {
                 c.send(Bytes::from(format!("{} type=skipped count={n}\n", stamp()))).await?
             }
-            Err(broadcast::error::RecvError::Closed) => return Err(End::Closed),
+            Event::Line(Err(broadcast::error::RecvError::Closed)) | Event::Gone => return Err(End::Closed),
+            Event::Line(Ok(_)) | Event::Input => {}
         }
     }
 }
