@@ -585,3 +585,25 @@ fn key_dumps_run_one_at_a_time_and_hold_no_thread_for_a_slow_reader() {
     let ten = Mc::connect(&s).ask(b"stats cachedump 1 10\r\n", "END\r\n");
     assert_eq!(ten.lines().filter(|l| l.starts_with("ITEM dump/")).count(), 10, "{ten}");
 }
+
+/// A watching connection (`watch`) streams log lines until its client goes, or the server
+/// stops: a graceful stop does not wait out its shutdown timeout for it.
+#[test]
+fn a_watcher_sees_gets_and_sets_and_does_not_hold_up_a_stop() {
+    let mut s = server(&["--shutdown-timeout", "30s"]);
+    let mut w = Mc::connect(&s);
+    assert_eq!(w.ask(b"watch fetchers mutations\r\n", "\r\n"), "OK\r\n");
+    let mut m = Mc::connect(&s);
+    assert_eq!(m.ask(b"set w:1 0 0 2\r\nhi\r\n", "\r\n"), "STORED\r\n");
+    // The store looks the key up first, as memcached's does; then it is stored.
+    let lines = w.read_until("size=2\n");
+    assert!(lines.contains("type=item_get key=w%3A1 status=not_found clsid=0 cfd="), "{lines}");
+    assert!(lines.contains("type=item_store key=w%3A1 status=stored cmd=set ttl=0 clsid=1 cfd="), "{lines}");
+    assert_eq!(m.ask(b"get w:1\r\n", "END\r\n"), "VALUE w:1 0 2\r\nhi\r\nEND\r\n");
+    let line = w.read_until("size=2\n");
+    assert!(line.contains("type=item_get key=w%3A1 status=found clsid=1 cfd="), "{line}");
+    assert_eq!(Mc::connect(&s).ask(b"watch nonsense\r\n", "\r\n"), "ERROR\r\n");
+    let started = Instant::now();
+    s.stop();
+    assert!(started.elapsed() < Duration::from_secs(10), "the stop waited {:?} for the watcher", started.elapsed());
+}
