@@ -14,7 +14,7 @@ use bytes::Bytes;
 use larder_engine::{Part, Store};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio::io::AsyncReadExt;
 use tokio::sync::broadcast;
@@ -28,11 +28,23 @@ pub const MUTATIONS: u8 = 2;
 pub struct Log {
     tx: broadcast::Sender<(u8, Arc<str>)>,
     gid: AtomicU64,
+    /// Connections watching: read on every get, so an atomic, not the channel's own count
+    /// (which takes a lock).
+    watchers: AtomicUsize,
 }
 
 impl Default for Log {
     fn default() -> Log {
-        Log { tx: broadcast::channel(4096).0, gid: AtomicU64::new(0) }
+        Log { tx: broadcast::channel(4096).0, gid: AtomicU64::new(0), watchers: AtomicUsize::new(0) }
+    }
+}
+
+/// A watching connection, counted while it lives.
+struct Watching<'a>(&'a AtomicUsize);
+
+impl Drop for Watching<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -49,7 +61,7 @@ fn stamp() -> String {
 impl Log {
     /// Whether anyone watches: lines are made only then.
     pub fn watched(&self) -> bool {
-        self.tx.receiver_count() > 0
+        self.watchers.load(Ordering::Relaxed) > 0
     }
 
     fn send(&self, kind: u8, line: String) {
@@ -143,7 +155,10 @@ pub(super) async fn watch(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
     if words.len() == 1 {
         kinds = FETCHERS;
     }
-    let mut rx = c.listener.log.tx.subscribe();
+    let listener = c.listener.clone();
+    let mut rx = listener.log.tx.subscribe();
+    listener.log.watchers.fetch_add(1, Ordering::Relaxed);
+    let _watching = Watching(&listener.log.watchers);
     c.out.extend_from_slice(b"OK\r\n");
     c.flush().await?;
     enum Event {
