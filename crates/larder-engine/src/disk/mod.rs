@@ -244,6 +244,7 @@ impl Disk {
                 let queued = self.replaced_checks.fetch_add(1, Ordering::Relaxed) < MAX_REPLACED_CHECKS
                     && self.send(Job::Replaced { loc: before, hash, after });
                 if !queued {
+                    // Unchecked: neither counted nor freed early (the ring reclaims it).
                     self.replaced_checks.fetch_sub(1, Ordering::Relaxed);
                 }
             }
