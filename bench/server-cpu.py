@@ -14,6 +14,7 @@ import argparse
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -65,6 +66,16 @@ def http_done(buf: bytes) -> bool:
     return bool(sep) and len(body) >= int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
 
 
+def binary_done(buf: bytes) -> bool:
+    return len(buf) >= 24 and len(buf) >= 24 + struct.unpack(">I", buf[8:12])[0]
+
+
+def binary(opcode: int, key: bytes, extras: bytes = b"", value: bytes = b"") -> bytes:
+    """A binary protocol request: magic, opcode, key length, extras length, body length."""
+    body = len(extras) + len(key) + len(value)
+    return struct.pack(">BBHBBHIIQ", 0x80, opcode, len(key), len(extras), 0, 0, body, 0, 0) + extras + key + value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", type=int, default=40000)
@@ -85,19 +96,26 @@ def main() -> None:
     keys = 2000  # the same keys again and again: gets are hits in larder's memory tier
     try:
         h, ml, m = connect(http), connect(mc_larder), connect(mc)
+        bl, b = connect(mc_larder), connect(mc)  # binary connections (the first byte decides)
         kinds: Dict[str, Tuple[int, Callable[[int], None]]] = {
             "larder HTTP PUT": (larder.pid, lambda i: (h.sendall(
                 b"PUT /c/%d HTTP/1.1\r\nHost: b\r\nContent-Length: 1024\r\n\r\n" % i + value), until(h, http_done))[1]),
             "larder HTTP GET": (larder.pid, lambda i: (h.sendall(b"GET /c/%d HTTP/1.1\r\nHost: b\r\n\r\n" % i),
                                                        until(h, http_done))[1]),
         }
-        for name, pid, s in (("larder memcached", larder.pid, ml), ("memcached", memcached.pid, m)):
+        for name, pid, s, bs in (("larder memcached", larder.pid, ml, bl), ("memcached", memcached.pid, m, b)):
             kinds[f"{name} set"] = (pid, lambda i, s=s: (s.sendall(b"set c%d 0 0 1024\r\n" % i + value + b"\r\n"),
                                                          until(s, lambda b: b.endswith(b"\r\n")))[1])
             kinds[f"{name} get"] = (pid, lambda i, s=s: (s.sendall(b"get c%d\r\n" % i),
                                                          until(s, lambda b: b.endswith(b"END\r\n")))[1])
             kinds[f"{name} meta ms"] = (pid, lambda i, s=s: (s.sendall(b"ms c%d 1024\r\n" % i + value + b"\r\n"),
                                                              until(s, lambda b: b.endswith(b"\r\n")))[1])
+            kinds[f"{name} meta mg"] = (pid, lambda i, s=s: (s.sendall(b"mg c%d v\r\n" % i),
+                                                             until(s, lambda b: len(b) >= 1035))[1])
+            kinds[f"{name} binary set"] = (pid, lambda i, s=bs: (s.sendall(
+                binary(0x01, b"c%d" % i, bytes(8), value)), until(s, binary_done))[1])
+            kinds[f"{name} binary get"] = (pid, lambda i, s=bs: (s.sendall(binary(0x00, b"c%d" % i)),
+                                                                 until(s, binary_done))[1])
         for _, f in kinds.values():  # every key stored, and read once, before anything is timed
             for i in range(keys):
                 f(i)

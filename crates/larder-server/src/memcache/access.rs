@@ -13,31 +13,37 @@
 //!
 //! A connection's identity lives on the connection; the policy decides each command with it.
 
-use super::text::{Command, StoreOp};
-use super::{Conn, End};
+use super::conn::{Conn, End};
+use super::wire::{Answer, Request, StoreOp};
 use crate::guard::{Door, Identity, Permission, Refusal, Session};
 
 /// The longest credential block a `set` may carry before the connection is authenticated:
 /// an anonymous client is not read for long.
-pub(super) const CREDENTIAL_MAX: i64 = 1024;
+pub const CREDENTIAL_MAX: u64 = 1024;
 
 /// Whether the connection may make the server hold more than a credential's worth of input
 /// (a long line of keys, a binary body): authenticated, or no token configured.
-pub(super) fn may_hold(c: &Conn) -> bool {
+pub fn may_hold(c: &Conn) -> bool {
     c.who == Identity::Token || !c.app.policy.needs_credentials()
 }
 
-/// What a text or meta command asks for.
-pub(super) fn text_permission(cmd: &Command<'_>) -> Permission {
-    match cmd {
-        Command::Get { touch: None, .. } => Permission::Read,
-        Command::Get { touch: Some(_), .. } => Permission::Write,
-        Command::Store { .. } | Command::Arith { .. } | Command::Touch { .. } => Permission::Write,
-        Command::Delete { .. } => Permission::Delete,
-        Command::FlushAll { .. } => Permission::Flush,
-        Command::Stats(_) | Command::Operator(_) => Permission::Admin,
-        Command::Version | Command::Verbosity { .. } | Command::Quit | Command::MetaNoop => Permission::Health,
-        Command::Meta { cmd, words } => match cmd {
+/// What a text or meta request asks for.
+pub fn text_permission(req: &Request<'_>) -> Permission {
+    match req {
+        Request::Get { touch: None, .. } => Permission::Read,
+        Request::Get { touch: Some(_), .. } => Permission::Write,
+        Request::Store { .. } | Request::Arith { .. } | Request::Touch { .. } => Permission::Write,
+        Request::Delete { .. } => Permission::Delete,
+        Request::FlushAll { .. } => Permission::Flush,
+        Request::Stats(_) | Request::Operator(_) => Permission::Admin,
+        Request::Version
+        | Request::Verbosity
+        | Request::Quit
+        | Request::MetaNoop
+        | Request::Noop
+        | Request::Sasl { .. }
+        | Request::Unknown => Permission::Health,
+        Request::Meta { cmd, words } => match cmd {
             // mg touches with T, and creates the item on a miss with N.
             b'g' if words.iter().skip(2).any(|w| matches!(w.first(), Some(b'T' | b'N'))) => Permission::Write,
             b'g' | b'e' => Permission::Read,
@@ -47,34 +53,26 @@ pub(super) fn text_permission(cmd: &Command<'_>) -> Permission {
     }
 }
 
-/// memcached's line for a refusal (always sent, `noreply` or not, as memcached sends errors).
-pub(super) fn refusal_line(r: Refusal) -> &'static str {
-    match r {
-        Refusal::Unauthenticated | Refusal::BadCredential => "CLIENT_ERROR unauthenticated\r\n",
-        Refusal::ReadOnly => "SERVER_ERROR this server is read-only\r\n",
-    }
-}
-
 /// Asks the policy about a text command on this connection.
-pub(super) fn admit_text(c: &Conn, cmd: &Command<'_>) -> Result<(), Refusal> {
-    c.app.policy.admit(Door::MemcacheText, Session::PerConnection, c.who, text_permission(cmd))
+pub fn admit_text(c: &Conn, req: &Request<'_>) -> Result<(), Refusal> {
+    c.app.policy.admit(Door::MemcacheText, Session::PerConnection, c.who, text_permission(req))
 }
 
 /// Whether a refused command is a credential instead: an unauthenticated connection's `set`.
-pub(super) fn is_login(c: &Conn, cmd: &Command<'_>, refusal: Refusal) -> bool {
-    c.who != Identity::Token && refusal != Refusal::ReadOnly && matches!(cmd, Command::Store { op: StoreOp::Set, .. })
+pub fn is_login(c: &Conn, req: &Request<'_>, refusal: Refusal) -> bool {
+    c.who != Identity::Token && refusal != Refusal::ReadOnly && matches!(req, Request::Store { op: StoreOp::Set, .. })
 }
 
 /// Reads a `set`'s data block as `<user> <secret>` and authenticates the connection with it.
 /// A block too long to be a credential gets the failure line and closes the connection (an
 /// anonymous client is not read for long).
-pub(super) async fn login(c: &mut Conn, len: i64) -> Result<(), End> {
+pub async fn login(c: &mut Conn, len: u64) -> Result<(), End> {
     if len > CREDENTIAL_MAX {
         c.out.extend_from_slice(b"CLIENT_ERROR authentication failure\r\n");
         return Err(End::Closed);
     }
     let len = len as usize;
-    super::exec::read_block(c, len + 2).await?;
+    c.read_block(len + 2).await?;
     let block = c.input.split_to(len + 2);
     // As memcached reads it: words split on spaces, the second the secret, any more ignored.
     let mut words = block[..len].split(|&b| b == b' ').filter(|w| !w.is_empty());
@@ -98,7 +96,7 @@ pub(super) async fn login(c: &mut Conn, len: i64) -> Result<(), End> {
 }
 
 /// What a binary request asks for, by opcode (SASL's own opcodes are the exchange itself).
-pub(super) fn binary_permission(opcode: u8) -> Permission {
+pub fn binary_permission(opcode: u8) -> Permission {
     match opcode {
         0x00 | 0x09 | 0x0c | 0x0d => Permission::Read,
         0x04 | 0x14 => Permission::Delete,
@@ -124,15 +122,15 @@ pub(super) fn binary_permission(opcode: u8) -> Permission {
 }
 
 /// Asks the policy about a binary request on this connection.
-pub(super) fn admit_binary(c: &Conn, opcode: u8) -> Result<(), Refusal> {
+pub fn admit_binary(c: &Conn, opcode: u8) -> Result<(), Refusal> {
     c.app.policy.admit(Door::MemcacheBinary, Session::PerConnection, c.who, binary_permission(opcode))
 }
 
-/// SASL's mechanisms, its `PLAIN` exchange and its step: `Ok(answer)` when the
-/// exchange succeeded, `Err(())` when it failed (the caller answers an auth error).
-pub(super) fn sasl(c: &mut Conn, opcode: u8, mechanism: &[u8], data: &[u8]) -> Result<&'static [u8], ()> {
+/// SASL's mechanisms, its `PLAIN` exchange and its step: `Authenticated` when the exchange
+/// succeeded, `AuthFailed` when it did not.
+pub fn sasl(c: &mut Conn, opcode: u8, mechanism: &[u8], data: &[u8]) -> Answer {
     match opcode {
-        0x20 => Ok(b"PLAIN"),
+        0x20 => Answer::Authenticated(b"PLAIN"),
         0x21 if mechanism == b"PLAIN" => {
             // authzid NUL authcid NUL password (RFC 4616)
             let mut parts = data.splitn(3, |&b| b == 0);
@@ -140,14 +138,14 @@ pub(super) fn sasl(c: &mut Conn, opcode: u8, mechanism: &[u8], data: &[u8]) -> R
             match c.app.policy.identify(password) {
                 Identity::Token if password.is_some() => {
                     c.who = Identity::Token;
-                    Ok(b"Authenticated")
+                    Answer::Authenticated(b"Authenticated")
                 }
                 _ => {
                     c.app.policy.count(Door::MemcacheBinary, Refusal::BadCredential);
-                    Err(())
+                    Answer::AuthFailed
                 }
             }
         }
-        _ => Err(()), // another mechanism, or a step PLAIN never needs
+        _ => Answer::AuthFailed, // another mechanism, or a step PLAIN never needs
     }
 }

@@ -1,22 +1,17 @@
 //! memcached's log stream (`watch`, memcached's `-W`) and its per-prefix counters
 //! (`stats detail`): what an operator watches live and what `memcached-tool` reads.
 //!
-//! `watch fetchers mutations` turns the connection into a stream of log lines, one per item
-//! fetched (`type=item_get`) or stored (`type=item_store`), in memcached's format, `cfd`
-//! being the connection id `stats conns` shows. Lines are made only while someone watches,
-//! and a watcher that falls behind loses lines, never slows the commands it watches.
+//! `watch fetchers mutations` (`operator.rs`) turns a connection into a stream of these log
+//! lines, one per item fetched (`type=item_get`) or stored (`type=item_store`), in memcached's
+//! format, `cfd` being the connection id `stats conns` shows. Lines are made only while
+//! someone watches, and a watcher that falls behind loses lines, never slows the commands it
+//! watches.
 
-use super::stats::Outcome;
-use super::text::REALTIME_MAXDELTA;
-use super::{Conn, End};
-use crate::storeio::read_body_of;
-use bytes::Bytes;
-use larder_engine::{Part, Store};
+use super::wire::URI_ENCODE;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use tokio::io::AsyncReadExt;
 use tokio::sync::broadcast;
 
 /// Items fetched (memcached's `fetchers`).
@@ -26,7 +21,7 @@ pub const MUTATIONS: u8 = 2;
 
 /// The log stream of a listener.
 pub struct Log {
-    tx: broadcast::Sender<(u8, Arc<str>)>,
+    tx: broadcast::Sender<Line>,
     gid: AtomicU64,
     /// Connections watching: read on every get, so an atomic, not the channel's own count
     /// (which takes a lock).
@@ -40,7 +35,7 @@ impl Default for Log {
 }
 
 /// A watching connection, counted while it lives.
-struct Watching<'a>(&'a AtomicUsize);
+pub struct Watching<'a>(&'a AtomicUsize);
 
 impl Drop for Watching<'_> {
     fn drop(&mut self) {
@@ -50,15 +45,26 @@ impl Drop for Watching<'_> {
 
 /// `key` as memcached's log writes it: URI-encoded.
 fn encoded(key: &[u8]) -> String {
-    percent_encoding::percent_encode(key, super::operator::URI_ENCODE).to_string()
+    percent_encoding::percent_encode(key, URI_ENCODE).to_string()
 }
 
-fn stamp() -> String {
+/// A log line's time stamp, as memcached's.
+pub fn stamp() -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     format!("ts={}.{:06}", now.as_secs(), now.subsec_micros())
 }
 
+/// A line of the stream: its kind ([`FETCHERS`], [`MUTATIONS`]) and text.
+pub type Line = (u8, Arc<str>);
+
 impl Log {
+    /// A new watcher: the lines from now on, and its count while the guard lives.
+    pub fn subscribe(&self) -> (broadcast::Receiver<Line>, Watching<'_>) {
+        let rx = self.tx.subscribe();
+        self.watchers.fetch_add(1, Ordering::Relaxed);
+        (rx, Watching(&self.watchers))
+    }
+
     /// Whether anyone watches: lines are made only then.
     pub fn watched(&self) -> bool {
         self.watchers.load(Ordering::Relaxed) > 0
@@ -103,97 +109,6 @@ impl Log {
                 stamp()
             ),
         );
-    }
-}
-
-/// Before a text storage command: whether anyone watches, and if so the lookup of the key a
-/// store makes first, as memcached's does (its watchers see an `item_get` for it).
-pub(super) async fn before_store(c: &Conn, store: &Store, key: &[u8]) -> bool {
-    if !c.listener.log.watched() {
-        return false;
-    }
-    let prior = read_body_of(&c.app, store, key, Part::Nothing).await.ok().flatten();
-    c.listener.log.item_get(key, prior.map(|f| f.value().len), c.id);
-    true
-}
-
-/// After a text storage command (`name`, `exptime` and `len` as the client sent them) that
-/// [`before_store`] found watched: its `item_store` line.
-pub(super) fn after_store(c: &Conn, key: &[u8], outcome: Outcome, name: &[u8], exptime: i64, len: i64) {
-    let status = match outcome {
-        Outcome::Stored => "stored",
-        Outcome::Exists => "exists",
-        Outcome::NotFound => "not_found",
-        _ => "not_stored",
-    };
-    let ttl = match exptime {
-        t if t <= 0 => 0,
-        t if t <= REALTIME_MAXDELTA => t as u64,
-        t => (t as u64).saturating_sub(larder_engine::now_ms() / 1000),
-    };
-    c.listener.log.item_store(key, status, &String::from_utf8_lossy(name), ttl, c.id, len.max(0) as u64);
-}
-
-/// `watch [fetchers] [mutations] …`: `OK`, then the lines of the kinds asked for (fetchers
-/// alone when none is named) until the client goes. Kinds larder has no events of
-/// (`evictions`, `sysevents`, …) are taken and stay quiet; an unknown word is `ERROR`.
-pub(super) async fn watch(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
-    let mut kinds = 0u8;
-    for w in &words[1..] {
-        kinds |= match *w {
-            b"fetchers" => FETCHERS,
-            b"mutations" => MUTATIONS,
-            b"rawcmds" | b"evictions" | b"sysevents" | b"connevents" | b"proxyreqs" | b"proxyevents" | b"proxyuser" => {
-                0
-            }
-            _ => {
-                c.out.extend_from_slice(b"ERROR\r\n");
-                return Ok(());
-            }
-        };
-    }
-    if words.len() == 1 {
-        kinds = FETCHERS;
-    }
-    let listener = c.listener.clone();
-    let mut rx = listener.log.tx.subscribe();
-    listener.log.watchers.fetch_add(1, Ordering::Relaxed);
-    let _watching = Watching(&listener.log.watchers);
-    c.out.extend_from_slice(b"OK\r\n");
-    c.flush().await?;
-    enum Event {
-        Line(Result<(u8, Arc<str>), broadcast::error::RecvError>),
-        /// The client went, or the server asks the connection to close (a stop, the limit).
-        Gone,
-        /// Bytes from the client, which a watching connection ignores (as memcached's).
-        Input,
-    }
-    let mut scratch = [0u8; 512];
-    loop {
-        let (stream, close) = (&mut c.stream, &mut c.close);
-        let asked = async {
-            match close.as_mut() {
-                Some(asked) => {
-                    let _ = asked.await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        let event = tokio::select! {
-            r = rx.recv() => Event::Line(r),
-            _ = asked => Event::Gone,
-            n = stream.read(&mut scratch) => if matches!(n, Ok(0) | Err(_)) { Event::Gone } else { Event::Input },
-        };
-        match event {
-            Event::Line(Ok((kind, line))) if kind & kinds != 0 => {
-                c.send(Bytes::copy_from_slice(line.as_bytes())).await?
-            }
-            Event::Line(Err(broadcast::error::RecvError::Lagged(n))) => {
-                c.send(Bytes::from(format!("{} type=skipped count={n}\n", stamp()))).await?
-            }
-            Event::Line(Err(broadcast::error::RecvError::Closed)) | Event::Gone => return Err(End::Closed),
-            Event::Line(Ok(_)) | Event::Input => {}
-        }
     }
 }
 

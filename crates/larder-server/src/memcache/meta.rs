@@ -1,217 +1,31 @@
-//! memcached's meta commands (`mg`, `ms`, `md`, `ma`, `me`; `mn` is answered with the text
-//! commands), as memcached 1.6 answers them: the same flags, the same order of the returned
-//! flags, the same errors.
-//!
-//! Per-item state that memcached keeps in its RAM and larder does not write to disk on every
-//! read lives in [`Items`]: whether the item was fetched, when it was last bumped, and whether
-//! a win token was handed out for it. It is keyed by the key and the write (store time), so a
-//! new value starts afresh, and bounded: an item it forgot reads as never fetched, last
-//! accessed when stored, no token out. The stale mark (`I`) is part of the stored value.
+//! memcached's meta commands (`mg`, `ms`, `md`, `ma`, `me`; `mn` is answered by the command
+//! table), as memcached 1.6 answers them: the same flags, the same order of the returned
+//! flags, the same errors; over the item core, with the per-item state memcached keeps in
+//! RAM (fetched, last access, win token) from the listener (`listener::Items`).
 
-use super::exec::{
-    answer_then_swallow, concat_fits, concat_value, drop_refused, expiry, put_streamed, read_block, server_error,
-    stream_value, swallow, Concat, Put,
-};
-use super::text::{safe_strtol, safe_strtoul, safe_strtoull, KEY_MAX};
-use super::{mdma, Conn, End};
-use crate::storeio::{blocking, quick, read_body_of, Read};
+use super::conn::{Conn, End};
+use super::item::{self, Block, Counted, Put, Wrote};
+use super::listener::{ItemState, BUMP_EVERY_MS};
+use super::wire::meta::{echo, echo_flag, key_flag, preparse, ttl_left, Flags, MAX_OPAQUE, MAX_WORDS};
+use super::wire::{safe_strtol, text, Answer, StoreOp, KEY_MAX};
+use crate::storeio::{blocking, quick, read_body_of};
 use base64::Engine;
 use bytes::Bytes;
-use larder_engine::{now_ms, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store};
+use larder_engine::{now_ms, DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store};
 use std::borrow::Cow;
 
-/// memcached's limit on a meta command's words.
-pub(super) const MAX_WORDS: usize = 20;
-pub(super) const MAX_OPAQUE: usize = 32;
-/// memcached bumps an item's last access at most this often (`ITEM_UPDATE_INTERVAL`).
-const BUMP_EVERY_MS: u64 = 60_000;
-
-/// What memcached keeps of an item in RAM, for the write (store time) it belongs to.
-#[derive(Clone, Copy)]
-pub(super) struct ItemState {
-    stored_ms: u64,
-    bumped_ms: u64,
-    fetched: bool,
-    token_sent: bool,
-}
-
-/// The per-item state of the meta protocol, for the items it was asked about or fetched.
-/// Fetches are tracked from the first meta command that reads the state (`h`, `l`, `me`) or
-/// hands out a win token on: until then a get costs nothing here.
-pub struct Items {
-    cache: quick_cache::sync::Cache<Vec<u8>, ItemState>,
-    tracking: std::sync::atomic::AtomicBool,
-}
-
-impl Default for Items {
-    fn default() -> Items {
-        Items { cache: quick_cache::sync::Cache::new(1 << 18), tracking: Default::default() }
-    }
-}
-
-impl Items {
-    fn state(&self, key: &[u8], stored_ms: u64) -> ItemState {
-        self.tracking.store(true, std::sync::atomic::Ordering::Relaxed);
-        match self.cache.get(key) {
-            Some(s) if s.stored_ms == stored_ms => s,
-            _ => ItemState { stored_ms, bumped_ms: stored_ms, fetched: false, token_sent: false },
-        }
-    }
-
-    /// When the item was last bumped (ms) and whether it was fetched, for `lru_crawler
-    /// metadump`; fetches are tracked from the first such question on.
-    pub fn seen(&self, key: &[u8], stored_ms: u64) -> (u64, bool) {
-        let s = self.state(key, stored_ms);
-        (s.bumped_ms, s.fetched)
-    }
-
-    /// A fetch of the item (a get of any kind, not `mg … u`): fetched from now on, and bumped
-    /// if its last bump is older than a minute.
-    pub fn fetched(&self, key: &[u8], stored_ms: u64) {
-        if !self.tracking.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
-        let mut s = self.state(key, stored_ms);
-        let now = now_ms();
-        let bump = now.saturating_sub(s.bumped_ms) >= BUMP_EVERY_MS;
-        if s.fetched && !bump {
-            return;
-        }
-        s.fetched = true;
-        if bump {
-            s.bumped_ms = now;
-        }
-        self.cache.insert(key.to_vec(), s);
-    }
-
-    fn set(&self, key: &[u8], s: ItemState) {
-        self.cache.insert(key.to_vec(), s);
-    }
-}
-
-/// The flags of a meta command, read as memcached's `_meta_flag_preparse` reads them.
-#[derive(Default)]
-pub(super) struct Flags {
-    pub(super) key_binary: bool,
-    pub(super) vivify: Option<i64>,
-    pub(super) ttl: Option<i64>,
-    pub(super) recache: Option<i64>,
-    pub(super) value: bool,
-    pub(super) no_update: bool,
-    pub(super) quiet: bool,
-    pub(super) stale: bool,
-    pub(super) cas: Option<u64>,
-    pub(super) client_flags: u32,
-    pub(super) mode: Option<u8>,
-    pub(super) delta: Option<u64>,
-    pub(super) initial: u64,
-}
-
-/// Reads the flags from `words[start..]`, decoding the key in place when `b` is given.
-pub(super) fn preparse(words: &[&[u8]], start: usize, key: &mut Cow<'_, [u8]>) -> Result<Flags, &'static str> {
-    let mut f = Flags::default();
-    let mut seen = [false; 128];
-    let mut error = None;
-    let num = |w: &[u8]| safe_strtol(&w[1..]);
-    for w in &words[start..] {
-        let o = w[0];
-        if o >= 127 || seen[o as usize] {
-            return Err("CLIENT_ERROR duplicate flag");
-        }
-        seen[o as usize] = true;
-        let bad = "CLIENT_ERROR bad token in command line format";
-        match o {
-            b'b' => {
-                f.key_binary = true;
-                match base64::engine::general_purpose::STANDARD.decode(&key[..]) {
-                    Ok(k) if !k.is_empty() => *key = Cow::Owned(k),
-                    _ => error = Some("CLIENT_ERROR error decoding key"),
-                }
-            }
-            b'N' => match num(w) {
-                Some(t) => f.vivify = Some(t),
-                None => error = Some(bad),
-            },
-            b'T' => match num(w) {
-                Some(t) => f.ttl = Some(t),
-                None => error = Some(bad),
-            },
-            b'R' => match num(w) {
-                Some(t) => f.recache = Some(t),
-                None => error = Some(bad),
-            },
-            b'l' | b'O' | b'P' | b'L' | b'k' | b's' | b't' | b'c' | b'f' | b'h' => {}
-            b'v' => f.value = true,
-            b'u' => f.no_update = true,
-            b'q' => f.quiet = true,
-            // memcached sets no message of its own for a bad F: the command's default shows.
-            b'F' => match safe_strtoul(&w[1..]) {
-                Some(v) => f.client_flags = v,
-                None => error = error.or(Some("CLIENT_ERROR bad command line format")),
-            },
-            b'C' => match safe_strtoull(&w[1..]) {
-                Some(v) => f.cas = Some(v),
-                None => error = Some(bad),
-            },
-            b'M' if w.len() != 2 => error = Some("CLIENT_ERROR incorrect length for M token"),
-            b'M' => f.mode = Some(w[1]),
-            b'J' => match safe_strtoull(&w[1..]) {
-                Some(v) => f.initial = v,
-                None => error = Some("CLIENT_ERROR invalid numeric initial value"),
-            },
-            b'D' => match safe_strtoull(&w[1..]) {
-                Some(v) => f.delta = Some(v),
-                None => error = Some("CLIENT_ERROR invalid numeric delta value"),
-            },
-            b'I' => f.stale = true,
-            _ => return Err("CLIENT_ERROR invalid flag"),
-        }
-    }
-    error.map_or(Ok(f), Err)
-}
-
-/// ` k<key>`, base64 and ` b` for a binary key.
-pub(super) fn key_flag(out: &mut Vec<u8>, key: &[u8], binary: bool) {
-    out.extend_from_slice(b" k");
-    if binary {
-        out.extend_from_slice(base64::engine::general_purpose::STANDARD.encode(key).as_bytes());
-        out.extend_from_slice(b" b");
-    } else {
-        out.extend_from_slice(key);
-    }
-}
-
-/// The ` O…` and ` k…` flags every meta answer echoes; `Err` for an opaque that is too long.
-pub(super) fn echo(out: &mut Vec<u8>, words: &[&[u8]], key: &[u8], binary: bool) -> Result<(), &'static str> {
-    for w in words {
-        match w[0] {
-            b'O' if w.len() > MAX_OPAQUE => return Err("CLIENT_ERROR opaque token too long"),
-            b'O' => {
-                out.push(b' ');
-                out.extend_from_slice(w);
-            }
-            b'k' => key_flag(out, key, binary),
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-pub(super) fn error_line(c: &mut Conn, line: &str) {
+fn error_line(c: &mut Conn, line: &str) {
     c.out.extend_from_slice(line.as_bytes());
     c.out.extend_from_slice(b"\r\n");
 }
 
-/// Seconds left before `expiry_ms` (memcached's `t`: -1 for none).
-pub(super) fn ttl_left(expiry_ms: u64, now: u64) -> i64 {
-    match expiry_ms {
-        0 => -1,
-        e => (e.saturating_sub(now)).div_ceil(1000) as i64,
-    }
+/// A store failure, as memcached's `SERVER_ERROR` (or `CLIENT_ERROR`) line.
+fn failed(c: &mut Conn, e: &larder_engine::Error) {
+    text::render(&mut c.out, &item::failed(e));
 }
 
 /// Runs the meta command `cmd` (`mg`, `ms`, `md`, `ma` or `me`) of the words `words`.
-pub(super) async fn run(c: &mut Conn, store: &Store, cmd: u8, words: &[&[u8]]) -> Result<(), End> {
+pub async fn run(c: &mut Conn, store: &Store, cmd: u8, words: &[&[u8]]) -> Result<(), End> {
     let n = words.len() + 1;
     if n < 3 && cmd != b'e' {
         error_line(c, "ERROR");
@@ -220,8 +34,8 @@ pub(super) async fn run(c: &mut Conn, store: &Store, cmd: u8, words: &[&[u8]]) -
     match cmd {
         b'g' => mg(c, store, words).await,
         b's' => ms(c, store, words).await,
-        b'd' => mdma::md(c, words).await,
-        b'a' => mdma::ma(c, words).await,
+        b'd' => md(c, words).await,
+        b'a' => ma(c, words).await,
         _ => me(c, store, words).await,
     }
 }
@@ -245,10 +59,11 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     };
     let app = c.app.clone();
     let part = if f.value { Part::Whole } else { Part::Nothing };
-    let mut found = match read_body_of(&app, store, &key, part).await {
+    // With `T`, the value found is given its new TTL after the read (as gat's).
+    let mut found = match item::read(c, store, &key, part, f.ttl).await {
         Ok(found) => found,
         Err(e) => {
-            c.out.extend_from_slice(server_error(&e).as_bytes());
+            failed(c, &e);
             return Ok(());
         }
     };
@@ -256,24 +71,21 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     if found.is_none() {
         if let Some(t) = f.vivify {
             // An empty placeholder whose first asker wins the right to fill it.
-            let k = key.to_vec();
-            let absent = [Precondition::Absent];
-            let opts = PutOptions { expiry: expiry(t), preconditions: &absent, ..Default::default() };
-            let opts = PutOptions { expiry: opts.expiry, ..Default::default() };
+            let (k, exp) = (key.to_vec(), item::expiry(t));
             let made = blocking(&app, move |s| {
                 let absent = [Precondition::Absent];
-                s.put(&k, b"", &PutOptions { preconditions: &absent, ..opts })
+                s.put(&k, b"", &PutOptions { expiry: exp, preconditions: &absent, ..Default::default() })
             })
             .await;
             match made {
                 Ok(_) => created = true,
                 Err(e) if e.kind() == ErrorKind::PreconditionFailed => {}
                 Err(e) => {
-                    c.out.extend_from_slice(server_error(&e).as_bytes());
+                    failed(c, &e);
                     return Ok(());
                 }
             }
-            found = read_body_of(&app, store, &key, part).await.unwrap_or(None);
+            found = item::read(c, store, &key, part, f.ttl).await.unwrap_or(None);
         }
     }
     let Some(found) = found else {
@@ -294,7 +106,6 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     let items = &listener.items;
     let mut state = items.state(&key, v.stored_ms);
     let mut expiry_ms = v.expiry_ms;
-    let mut new_ttl = None;
     let mut won = false;
     let mut out = Vec::with_capacity(64);
     if f.value {
@@ -304,14 +115,8 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     }
     for w in &words[2..] {
         match w[0] {
-            b'T' => {
-                let e = expiry(f.ttl.expect("parsed"));
-                expiry_ms = e.at_ms(now);
-                new_ttl = Some(e);
-            }
-            b'N' if created => {
-                won = true;
-            }
+            b'T' => expiry_ms = item::expiry(f.ttl.expect("parsed")).at_ms(now),
+            b'N' if created => won = true,
             b'R' => {
                 let left = ttl_left(expiry_ms, now);
                 if !state.token_sent && !created && expiry_ms != 0 && left < f.recache.expect("parsed") {
@@ -324,16 +129,12 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
             b'f' => out.extend_from_slice(format!(" f{}", v.flags).as_bytes()),
             b'l' => out.extend_from_slice(format!(" l{}", now.saturating_sub(state.bumped_ms) / 1000).as_bytes()),
             b'h' => out.extend_from_slice(if state.fetched { b" h1" } else { b" h0" }),
-            b'O' if w.len() > MAX_OPAQUE => {
-                error_line(c, "CLIENT_ERROR opaque token too long");
-                return Ok(());
+            _ => {
+                if let Err(e) = echo_flag(&mut out, w, &key, f.key_binary) {
+                    error_line(c, e);
+                    return Ok(());
+                }
             }
-            b'O' => {
-                out.push(b' ');
-                out.extend_from_slice(w);
-            }
-            b'k' => key_flag(&mut out, &key, f.key_binary),
-            _ => {}
         }
     }
     if state.token_sent {
@@ -349,12 +150,6 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     }
     out.extend_from_slice(b"\r\n");
     c.out.extend_from_slice(&out);
-    if let Some(e) = new_ttl {
-        let k = key.to_vec();
-        if let Err(e) = blocking(&app, move |s| s.touch(&k, e)).await {
-            tracing::warn!(error = %e, "mg could not set the new TTL");
-        }
-    }
     if !f.no_update {
         state.fetched = true;
         if now.saturating_sub(state.bumped_ms) >= BUMP_EVERY_MS {
@@ -363,10 +158,7 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     }
     items.set(&key, state);
     if f.value {
-        match found {
-            Read::Value(v) => c.out.value(v.data),
-            Read::Pieces(r) => stream_value(c, store, r).await?,
-        }
+        item::send_value(c, store, found).await?;
         c.out.extend_from_slice(b"\r\n");
     }
     Ok(())
@@ -409,62 +201,53 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     let (f, echoed) = match parsed {
         Ok(p) => p,
         Err(e) => {
-            swallow(c, len + 2).await?;
+            c.swallow(len + 2).await?;
             error_line(c, e);
             return Ok(());
         }
     };
-    let cfg = store.config();
-    let append = matches!(f.mode, Some(b'A' | b'P'));
-    if len > cfg.max_value_size || (append && !concat_fits(store, len)) {
+    let op = match f.mode {
+        None | Some(b'S') => StoreOp::Set,
+        Some(b'E') => StoreOp::Add,
+        Some(b'A') => StoreOp::Append,
+        Some(b'P') => StoreOp::Prepend,
+        _ => StoreOp::Replace,
+    };
+    let append = matches!(op, StoreOp::Append | StoreOp::Prepend);
+    if len > store.config().max_value_size || (append && !item::concat_fits(store, len)) {
         // memcached drops the key whatever the mode (set, add, replace, append, prepend).
-        drop_refused(c, &key).await;
-        return answer_then_swallow(c, "SERVER_ERROR object too large for cache\r\n", len + 2).await;
+        item::drop_refused(c, &key).await;
+        text::render(&mut c.out, &Answer::TooLarge);
+        return c.flush_then_swallow(len + 2).await;
     }
     let app = c.app.clone();
-    let exp = f.ttl.map_or(Expiry::Never, expiry);
     // Which write this is, memcached's way: a cas turns set and replace into a cas.
-    let cas_mode = f.cas.is_some() && matches!(f.mode, None | Some(b'S' | b'R'));
-    let preconditions = match (f.mode, cas_mode) {
-        (_, true) => vec![Precondition::StoredAt(f.cas.expect("cas mode"))],
-        (Some(b'E'), _) => vec![Precondition::Absent],
-        (Some(b'R'), _) => vec![Precondition::Present],
-        _ => vec![],
-    };
-    let put = Put { key: key.to_vec(), flags: f.client_flags, expiry: exp, preconditions };
+    let cas_mode = f.cas.is_some() && matches!(op, StoreOp::Set | StoreOp::Replace);
+    let put = Put::new(op, &key, f.client_flags, f.ttl.unwrap_or(0), f.cas.filter(|_| cas_mode));
     // The store time of what this command wrote: its new cas.
-    let result: larder_engine::Result<u64> = if len > cfg.chunk_size {
-        match put_streamed(c, put, len).await? {
-            Some(r) => r.map(|st| st.map_or(0, |st| st.version.stored_ms)),
-            None => {
-                error_line(c, "CLIENT_ERROR bad data chunk");
-                return Ok(());
-            }
-        }
-    } else {
-        read_block(c, len as usize + 2).await?;
-        let block = c.input.split_to(len as usize + 2).freeze();
-        if &block[len as usize..] != b"\r\n" {
+    let result: larder_engine::Result<u64> = match item::read_data(c, store, &put, len).await? {
+        None => {
             error_line(c, "CLIENT_ERROR bad data chunk");
             return Ok(());
         }
-        let data = block.slice(..len as usize);
-        let (stale, mode, cas) = (f.stale, f.mode, f.cas);
-        let r = match quick(&app, move |s, wait| ms_write(s, &put, &data, mode, cas, cas_mode && stale, wait)).await {
-            Ok((new, Some(old))) => {
-                // A stale store keeps the win token of the value it replaced.
-                let was = c.listener.items.state(&key, old);
-                c.listener.items.set(&key, ItemState { stored_ms: new, ..was });
-                Ok(new)
+        Some(Block::Streamed(r)) => r,
+        Some(Block::Data(data)) => {
+            let (stale, cas) = (f.stale, f.cas);
+            match quick(&app, move |s, wait| ms_write(s, &put, &data, op, cas, cas_mode && stale, wait)).await {
+                Ok((new, Some(old))) => {
+                    // A stale store keeps the win token of the value it replaced.
+                    let was = c.listener.items.state(&key, old);
+                    c.listener.items.set(&key, ItemState { stored_ms: new, ..was });
+                    Ok(new)
+                }
+                r => r.map(|(new, _)| new),
             }
-            r => r.map(|(new, _)| new),
-        };
-        r
+        }
     };
     let code: &[u8] = match &result {
         Ok(_) => b"HD",
         Err(e) if e.kind() == ErrorKind::PreconditionFailed => {
-            let present = read_body_of(&app, store, &key, Part::Nothing).await.ok().flatten().is_some();
+            let present = matches!(item::lost_by(c, &key).await, Ok(Answer::Exists));
             match (cas_mode || append, present) {
                 (true, true) => b"EX",
                 (true, false) if cas_mode => b"NF",
@@ -472,7 +255,7 @@ async fn ms(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
             }
         }
         Err(e) => {
-            c.out.extend_from_slice(server_error(e).as_bytes());
+            failed(c, e);
             return Ok(());
         }
     };
@@ -508,19 +291,20 @@ fn ms_write(
     s: &Store,
     put: &Put,
     data: &Bytes,
-    mode: Option<u8>,
+    op: StoreOp,
     cas: Option<u64>,
     stale_allowed: bool,
     wait: bool,
 ) -> larder_engine::Result<(u64, Option<u64>)> {
     let opts = PutOptions { nonblocking: !wait, ..put.options() };
     let reading = |part| ReadOptions { part, nonblocking: !wait };
-    match mode {
-        Some(m @ (b'A' | b'P')) => match concat_value(s, &put.key, data, m == b'A', cas, wait)? {
-            Concat::Stored(cas) => Ok((cas, None)),
-            Concat::Absent => Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "absent")),
-            Concat::Exists => Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "cas")),
-        },
+    match op {
+        StoreOp::Append | StoreOp::Prepend => {
+            match item::concat(s, &put.key, data, op == StoreOp::Append, cas, wait)? {
+                Wrote::Stored(cas) => Ok((cas, None)),
+                _ => Err(larder_engine::Error::new(ErrorKind::PreconditionFailed, "absent, or another version")),
+            }
+        }
         _ => match s.put(&put.key, data, &opts) {
             // With `I`, a cas older than the value's stores anyway, marked stale, keeping the
             // value's expiry (a slow recache under an invalidation).
@@ -583,5 +367,166 @@ async fn me(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
         v.position.size,
     );
     c.out.extend_from_slice(line.as_bytes());
+    Ok(())
+}
+
+/// The key and flags of `md` or `ma`, or `None` once the error memcached gives is answered.
+fn delete_or_arith_flags<'w>(c: &mut Conn, words: &[&'w [u8]]) -> Option<(Cow<'w, [u8]>, Flags)> {
+    if words[1].len() > KEY_MAX {
+        error_line(c, "CLIENT_ERROR bad command line format");
+        return None;
+    }
+    if words.len() + 1 > MAX_WORDS {
+        error_line(c, "CLIENT_ERROR options flags too long");
+        return None;
+    }
+    let mut key = Cow::Borrowed(words[1]);
+    match preparse(words, 2, &mut key) {
+        Ok(f) => Some((key, f)),
+        Err(_) => {
+            error_line(c, "CLIENT_ERROR invalid or duplicate flag");
+            None
+        }
+    }
+}
+
+async fn md(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
+    let Some((key, f)) = delete_or_arith_flags(c, words) else { return Ok(()) };
+    let mut tail = Vec::new();
+    if let Err(e) = echo(&mut tail, &words[2..], &key, f.key_binary) {
+        error_line(c, e);
+        return Ok(());
+    }
+    let app = c.app.clone();
+    let k = key.to_vec();
+    let (cas, stale, ttl) = (f.cas, f.stale, f.ttl);
+    let r = blocking(&app, move |s| {
+        let Some(v) = s.get(&k, &ReadOptions { part: Part::Nothing, ..Default::default() })? else {
+            return Ok(&b"NF"[..]);
+        };
+        if cas.is_some_and(|c| c != v.stored_ms) {
+            return Ok(&b"EX"[..]);
+        }
+        let cond = [Precondition::StoredAt(v.stored_ms)];
+        if !stale {
+            return match s.delete(&k, &DeleteOptions { preconditions: &cond, ..Default::default() }) {
+                Ok(true) => Ok(&b"HD"[..]),
+                Ok(false) => Ok(&b"NF"[..]),
+                Err(e) if e.kind() == ErrorKind::PreconditionFailed => Ok(&b"EX"[..]),
+                Err(e) => Err(e),
+            };
+        }
+        // Invalidate: the value stays, marked stale, under a new cas (and TTL, if given).
+        let Some(mut r) = s.reader(&k, Part::Whole)? else { return Ok(&b"NF"[..]) };
+        let opts = PutOptions {
+            expiry: ttl.map_or(Expiry::of(v.expiry_ms), item::expiry),
+            flags: v.flags,
+            stale: true,
+            content_type: v.content_type.as_deref(),
+            attrs: v.attrs.as_deref(),
+            preconditions: &cond,
+            nonblocking: false,
+        };
+        let mut w = s.writer(&k, &opts)?;
+        while let Some(p) = r.next_piece()? {
+            w.write(&p)?;
+        }
+        match w.finish() {
+            Ok(_) => Ok(&b"HD"[..]),
+            Err(e) if e.kind() == ErrorKind::PreconditionFailed => Ok(&b"EX"[..]),
+            Err(e) => Err(e),
+        }
+    })
+    .await;
+    let code = match r {
+        Ok(code) => code,
+        Err(e) => {
+            failed(c, &e);
+            return Ok(());
+        }
+    };
+    if code == b"HD" && f.quiet {
+        return Ok(());
+    }
+    c.out.extend_from_slice(code);
+    c.out.extend_from_slice(&tail);
+    c.out.extend_from_slice(b"\r\n");
+    Ok(())
+}
+
+async fn ma(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
+    let Some((key, f)) = delete_or_arith_flags(c, words) else { return Ok(()) };
+    let incr = match f.mode {
+        None | Some(b'I' | b'+') => true,
+        Some(b'D' | b'-') => false,
+        Some(_) => {
+            error_line(c, "CLIENT_ERROR invalid mode for ma M token");
+            return Ok(());
+        }
+    };
+    let k = key.to_vec();
+    let (delta, cas, initial) = (f.delta.unwrap_or(1), f.cas, f.initial);
+    let create = f.vivify.map(|t| (initial, item::expiry(t)));
+    let r = blocking(&c.app, move |s| item::arith(s, &k, incr, delta, cas, create)).await;
+    let mut out = Vec::new();
+    match r {
+        Err(e) => {
+            failed(c, &e);
+            return Ok(());
+        }
+        Ok(Counted::NotNumeric) => {
+            error_line(c, "CLIENT_ERROR cannot increment or decrement non-numeric value");
+            return Ok(());
+        }
+        Ok(done @ (Counted::NotFound | Counted::Exists)) => {
+            out.extend_from_slice(if matches!(done, Counted::NotFound) { b"NF" } else { b"EX" });
+            if let Err(e) = echo(&mut out, &words[2..], &key, f.key_binary) {
+                error_line(c, e);
+                return Ok(());
+            }
+        }
+        Ok(Counted::Number { n: number, cas, expiry_ms, created }) => {
+            if f.quiet {
+                return Ok(());
+            }
+            let text = number.to_string();
+            if f.value {
+                out.extend_from_slice(format!("VA {}", text.len()).as_bytes());
+            } else {
+                out.extend_from_slice(b"HD");
+            }
+            let now = now_ms();
+            let mut expiry_ms = expiry_ms;
+            let mut new_ttl = None;
+            for w in &words[2..] {
+                match w[0] {
+                    b'c' => out.extend_from_slice(format!(" c{cas}").as_bytes()),
+                    b't' => out.extend_from_slice(format!(" t{}", ttl_left(expiry_ms, now)).as_bytes()),
+                    b'T' => {
+                        let e = item::expiry(f.ttl.expect("parsed"));
+                        expiry_ms = e.at_ms(now);
+                        new_ttl = Some(e);
+                    }
+                    b'N' if created => expiry_ms = item::expiry(f.vivify.expect("parsed")).at_ms(now),
+                    _ => {
+                        if let Err(e) = echo_flag(&mut out, w, &key, f.key_binary) {
+                            error_line(c, e);
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+            if let Some(e) = new_ttl {
+                let k = key.to_vec();
+                let _ = blocking(&c.app, move |s| s.touch(&k, e)).await;
+            }
+            if f.value {
+                out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(text.as_bytes());
+            }
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    c.out.extend_from_slice(&out);
     Ok(())
 }

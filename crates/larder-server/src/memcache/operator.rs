@@ -1,4 +1,5 @@
-//! memcached's operator commands: the key dumps operators' tools use (`stats cachedump`, which
+//! memcached's `stats` (its groups, from the store and the listener's counters) and its
+//! operator commands: the key dumps operators' tools use (`stats cachedump`, which
 //! libmemcached's `memcdump` walks; `lru_crawler metadump`), `stats items`, `slabs` and `sizes`
 //! from larder's own counters, and the rest answered as memcached answers them with the
 //! feature off (`-W`, `no_slab_reassign`, `no_lru_maintainer`, no `-A`), so that no client or
@@ -9,11 +10,15 @@
 //! hashes), on the blocking pool, streamed to the client as they are found: memory stays at a
 //! batch of lines whatever the number of keys.
 
-use super::stats::{command_index, Outcome};
-use super::{counters, Conn, End};
+use super::conn::{Conn, End};
+use super::counters::{command_index, counters, version, Outcome, GETS};
+use super::logs::{detail, stamp, FETCHERS, MUTATIONS};
+use super::wire::{KEY_MAX, URI_ENCODE};
 use crate::storeio::blocking;
 use bytes::Bytes;
-use larder_engine::KeyInfo;
+use larder_engine::{now_ms, KeyInfo, Store};
+use std::sync::atomic::Ordering;
+use tokio::sync::broadcast;
 // `fmt::Write` for the stats strings, `io::Write` for the dump lines (a `Vec<u8>`).
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -22,9 +27,6 @@ use std::io::Write as _;
 const CLASSES: i64 = 64;
 /// The one class larder's items are in.
 const CLASS: i64 = 1;
-/// What memcached's metadump leaves unencoded in a key: RFC 3986's unreserved characters.
-pub(super) const URI_ENCODE: &percent_encoding::AsciiSet =
-    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 /// The longest a dump waits for its client to take a batch of lines.
 const DUMP_STALL: std::time::Duration = std::time::Duration::from_secs(60);
 /// Dump lines gathered before they are sent (a guess: a step's lines may be more or fewer).
@@ -32,17 +34,13 @@ const BATCH: usize = 32 << 10;
 /// Volume bytes a step of a dump reads: its lines are a fraction of that.
 const STEP: u64 = 1 << 20;
 
-/// The commands answered here, other than `stats`.
-pub const NAMES: [&str; 9] =
-    ["watch", "slabs", "lru_crawler", "lru", "shutdown", "cache_memlimit", "misbehave", "debugtime", "extstore"];
-
 fn number(w: &[u8]) -> Option<i64> {
     std::str::from_utf8(w).ok()?.parse().ok()
 }
 
 /// `stats items`: class 1 holds every item (fields as memcached gives them without its LRU
 /// maintainer: no hot, warm or cold segments).
-pub(super) fn items(s: &larder_engine::Stats) -> String {
+pub fn items(s: &larder_engine::Stats) -> String {
     if s.keys == 0 {
         return "END\r\n".into();
     }
@@ -72,7 +70,7 @@ pub(super) fn items(s: &larder_engine::Stats) -> String {
 
 /// `stats slabs`: class 1 is the ring of volumes; a "page" is a volume, a "chunk" an item of
 /// the average size; the per-class command counts are the listener's.
-pub(super) fn slabs(s: &larder_engine::Stats) -> String {
+pub fn slabs(s: &larder_engine::Stats) -> String {
     if s.keys == 0 {
         return "STAT active_slabs 0\r\nSTAT total_malloced 0\r\nEND\r\n".into();
     }
@@ -105,13 +103,13 @@ pub(super) fn slabs(s: &larder_engine::Stats) -> String {
 
 /// Whether memcached's text protocol can name `key`: it is a word of a command line.
 fn speakable(key: &[u8]) -> bool {
-    key.len() <= super::text::KEY_MAX && key.iter().all(|&b| b > b' ' && b != 0x7f)
+    key.len() <= KEY_MAX && key.iter().all(|&b| b > b' ' && b != 0x7f)
 }
 
 /// `stats cachedump CLASS LIMIT`: `ITEM <key> [<bytes> b; <expiry, Unix seconds, 0 = never> s]`
 /// per item of the class (LIMIT of them; 0 = all), then `END`. Keys memcached's text protocol
 /// cannot name (HTTP keys with spaces, longer than 250 bytes) are left out.
-pub(super) async fn cachedump(c: &mut Conn, args: &[&[u8]]) -> Result<(), End> {
+pub async fn cachedump(c: &mut Conn, args: &[&[u8]]) -> Result<(), End> {
     counters().count(command_index(b"stats"), Outcome::Ok);
     let (class, limit) = match args {
         [_, class, limit, ..] => match (number(class), number(limit)) {
@@ -225,7 +223,7 @@ fn line(c: &mut Conn, l: &str) -> Result<(), End> {
 }
 
 /// The operator commands other than `stats`, by their words (the name first).
-pub(super) async fn run(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
+pub async fn run(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
     counters().count(command_index(b"other"), Outcome::Ok);
     // As memcached: `noreply` silences a success, never an error.
     let noreply = words.len() > 1 && words.last() == Some(&&b"noreply"[..]);
@@ -233,7 +231,7 @@ pub(super) async fn run(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
     let arg = |i: usize| words.get(i).copied();
     let n = words.len();
     let answer = match (words[0], arg(1)) {
-        (b"watch", _) => return super::logs::watch(c, words).await,
+        (b"watch", _) => return watch(c, words).await,
         (b"slabs", Some(b"automove")) if n == 3 => match number(words[2]) {
             Some(0..=2) => "OK\r\n",
             Some(_) => "ERROR\r\n",
@@ -272,6 +270,151 @@ pub(super) async fn run(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
     line(c, answer)
 }
 
+/// `watch [fetchers] [mutations] …`: `OK`, then the lines of the kinds asked for (fetchers
+/// alone when none is named) until the client goes. Kinds larder has no events of
+/// (`evictions`, `sysevents`, …) are taken and stay quiet; an unknown word is `ERROR`.
+async fn watch(c: &mut Conn, words: &[&[u8]]) -> Result<(), End> {
+    let mut kinds = 0u8;
+    for w in &words[1..] {
+        kinds |= match *w {
+            b"fetchers" => FETCHERS,
+            b"mutations" => MUTATIONS,
+            b"rawcmds" | b"evictions" | b"sysevents" | b"connevents" | b"proxyreqs" | b"proxyevents" | b"proxyuser" => {
+                0
+            }
+            _ => return line(c, "ERROR\r\n"),
+        };
+    }
+    if words.len() == 1 {
+        kinds = FETCHERS;
+    }
+    let listener = c.listener.clone();
+    let (mut rx, _watching) = listener.log.subscribe();
+    c.out.extend_from_slice(b"OK\r\n");
+    c.flush().await?;
+    // Bytes from the client meanwhile are read and ignored, as memcached's watchers do.
+    while let Some(event) = c.while_here(rx.recv()).await {
+        match event {
+            Ok((kind, line)) if kind & kinds != 0 => c.send(Bytes::copy_from_slice(line.as_bytes())).await?,
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                c.send(Bytes::from(format!("{} type=skipped count={n}\n", stamp()))).await?
+            }
+            Err(broadcast::error::RecvError::Closed) => break,
+            Ok(_) => {}
+        }
+    }
+    Err(End::Closed)
+}
+
 fn float(w: &[u8]) -> bool {
     std::str::from_utf8(w).ok().and_then(|s| s.parse::<f64>().ok()).is_some()
+}
+
+/// `stats settings`: the settings of memcached's that larder has a counterpart of.
+fn settings(c: &Conn, store: &Store) -> String {
+    let cfg = store.config();
+    let s = &c.app.settings;
+    let lines = [
+        ("maxbytes", cfg.volume_size * cfg.volume_count as u64),
+        ("maxconns", s.memcache_max_connections as u64),
+        ("tcpport", s.memcache_listen.map_or(0, |a| a.port() as u64)),
+        ("item_size_max", cfg.max_value_size),
+        ("idle_timeout", s.idle_timeout.as_secs()),
+    ];
+    let mut out: String = lines.iter().map(|(k, v)| format!("STAT {k} {v}\r\n")).collect();
+    // What larder has of memcached's switches: no slab reassignment, LRU maintainer, size
+    // tracking, detail counts or shutdown command; dumps are on.
+    out.push_str(concat!(
+        "STAT evictions on\r\nSTAT cas_enabled yes\r\nSTAT flush_enabled yes\r\nSTAT dump_enabled yes\r\n",
+        "STAT shutdown_command no\r\nSTAT detail_enabled no\r\nSTAT slab_reassign no\r\nSTAT lru_crawler yes\r\n",
+        "STAT lru_maintainer_thread no\r\nSTAT track_sizes no\r\nEND\r\n"
+    ));
+    out
+}
+
+/// `stats`: memcached's general statistics, under its field names, from the store and this
+/// listener's counters. `stats reset` and the detail groups larder has no counterpart for
+/// answer as memcached's do when empty.
+pub async fn stats(c: &Conn, store: &Store, args: &[&[u8]]) -> String {
+    let m = counters();
+    m.count(command_index(b"stats"), Outcome::Ok);
+    match args.first().copied() {
+        None | Some(b"items" | b"slabs") => {}
+        // The counters are the server's own (metrics read them); the per-prefix ones go.
+        Some(b"reset") => {
+            detail().reset();
+            return "RESET\r\n".into();
+        }
+        // Per-prefix counts (`watch::Detail`).
+        Some(b"detail") => match args.get(1).copied() {
+            Some(w @ (b"on" | b"off")) => {
+                detail().set(w == b"on");
+                return "OK\r\n".into();
+            }
+            Some(b"dump") => return detail().dump(),
+            _ => return "CLIENT_ERROR usage: stats detail on|off|dump\r\n".into(),
+        },
+        Some(b"settings") => return settings(c, store),
+        // As memcached without -o track_sizes.
+        Some(b"sizes") => return "STAT sizes_status disabled\r\nEND\r\n".into(),
+        Some(b"conns") => return c.listener.conns(),
+        Some(b"extstore") => return "END\r\n".into(),
+        Some(_) => return "ERROR\r\n".into(),
+    }
+    let Ok(s) = blocking(&c.app, |s| Ok(s.stats())).await else { return "SERVER_ERROR stats unavailable\r\n".into() };
+    match args.first().copied() {
+        Some(b"items") => return items(&s),
+        Some(b"slabs") => return slabs(&s),
+        _ => {}
+    }
+    let now = now_ms();
+    let mut out = String::new();
+    let mut stat = |name: &str, value: String| {
+        out.push_str("STAT ");
+        out.push_str(name);
+        out.push(' ');
+        out.push_str(&value);
+        out.push_str("\r\n");
+    };
+    stat("pid", std::process::id().to_string());
+    stat("uptime", c.app.started.elapsed().as_secs().to_string());
+    stat("time", (now / 1000).to_string());
+    stat("version", version());
+    stat("pointer_size", (8 * std::mem::size_of::<usize>()).to_string());
+    stat("max_connections", c.app.settings.memcache_max_connections.to_string());
+    stat("curr_connections", m.curr_connections.load(Ordering::Relaxed).to_string());
+    stat("total_connections", m.total_connections.load(Ordering::Relaxed).to_string());
+    stat("rejected_connections", m.rejected_connections.load(Ordering::Relaxed).to_string());
+    stat("cmd_get", m.sum(&GETS, &["hit", "miss"]).to_string());
+    stat("cmd_set", m.cmd_set().to_string());
+    stat("cmd_flush", m.sum(&["flush_all"], &["ok"]).to_string());
+    stat("cmd_touch", m.sum(&["touch", "gat", "gats"], &["touched", "not_found", "hit", "miss"]).to_string());
+    stat("get_hits", m.get_hits().to_string());
+    stat("get_misses", m.sum(&GETS, &["miss"]).to_string());
+    stat("delete_misses", m.get("delete", "not_found").to_string());
+    stat("delete_hits", m.get("delete", "deleted").to_string());
+    stat("incr_misses", m.get("incr", "miss").to_string());
+    stat("incr_hits", m.get("incr", "hit").to_string());
+    stat("decr_misses", m.get("decr", "miss").to_string());
+    stat("decr_hits", m.get("decr", "hit").to_string());
+    stat("cas_misses", m.get("cas", "not_found").to_string());
+    stat("cas_hits", m.get("cas", "stored").to_string());
+    stat("cas_badval", m.get("cas", "exists").to_string());
+    stat("touch_hits", m.touch_hits().to_string());
+    stat("touch_misses", (m.get("touch", "not_found") + m.sum(&["gat", "gats"], &["miss"])).to_string());
+    stat("bytes_read", m.bytes_read.load(Ordering::Relaxed).to_string());
+    stat("bytes_written", m.bytes_written.load(Ordering::Relaxed).to_string());
+    stat("limit_maxbytes", s.capacity_bytes.to_string());
+    stat("threads", std::thread::available_parallelism().map_or(1, |n| n.get()).to_string());
+    stat("bytes", s.bytes_used.to_string());
+    stat("curr_items", s.keys.to_string());
+    stat("total_items", s.puts.to_string());
+    stat("evictions", s.evicted_entries.to_string());
+    stat("accepting_conns", u64::from(!c.app.stopping()).to_string());
+    // larder's own, after memcached's fields.
+    stat("foreign_writes", s.capped_writes.to_string());
+    stat("started_empty", u64::from(s.recovery.started_empty).to_string());
+    stat("downtime_flushes", s.downtime_flushes.to_string());
+    out.push_str("END\r\n");
+    out
 }
