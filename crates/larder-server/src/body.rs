@@ -11,6 +11,11 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::StatusCode;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 /// Why a request body was not taken.
 pub enum BodyError {
@@ -90,4 +95,73 @@ pub fn too_slow() -> Resp {
     let mut r = text(StatusCode::REQUEST_TIMEOUT, "the request body arrived too slowly\n");
     r.headers_mut().insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
     r
+}
+
+/// A client's request body passed on as it arrives (to an origin), which must keep the
+/// minimum rate (`Policy::body_deadline`) however it trickles: past its deadline it ends
+/// with an error, which aborts the request it feeds.
+pub struct Paced {
+    inner: Incoming,
+    app: Arc<App>,
+    door: Door,
+    clock: BodyClock,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    /// Set when the deadline passed, so that the answer can say why.
+    late: Arc<AtomicBool>,
+}
+
+impl Paced {
+    /// The body `inner` of a request through `door`.
+    pub fn new(app: Arc<App>, inner: Incoming, door: Door) -> Paced {
+        let timer = Box::pin(tokio::time::sleep(FAR));
+        Paced { inner, app, door, clock: BodyClock::new(), timer, late: Arc::default() }
+    }
+
+    /// Set once the body missed its deadline.
+    pub fn late(&self) -> Arc<AtomicBool> {
+        self.late.clone()
+    }
+}
+
+/// No deadline (the minimum rate turned off): a timer that never fires in practice.
+const FAR: std::time::Duration = std::time::Duration::from_secs(86_400 * 365);
+
+impl hyper::body::Body for Paced {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        // Asked for more: the time since the last piece went to the origin was the origin's.
+        if this.clock.resume_at_poll() {
+            let d = this.clock.deadline(&this.app.policy).unwrap_or_else(|| tokio::time::Instant::now() + FAR);
+            this.timer.as_mut().reset(d);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(f))) => {
+                this.clock.arrived(f.data_ref().map_or(0, |d| d.len() as u64));
+                Poll::Ready(Some(Ok(f)))
+            }
+            Poll::Ready(other) => Poll::Ready(other.map(|r| r.map_err(Into::into))),
+            Poll::Pending => match this.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    this.late.store(true, Ordering::Relaxed);
+                    this.app.policy.late(this.door, Unit::Body);
+                    Poll::Ready(Some(Err("the request body arrived too slowly".into())))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }

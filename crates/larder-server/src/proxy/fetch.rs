@@ -1,58 +1,24 @@
-//! A request's side of an origin fetch: what is sent ([`Plan`]), leading or joining the cache
+//! A request's side of an origin fetch: leading (with its [`super::lead::Plan`]) or joining the cache
 //! key's flight (or fetching alone), and the answer from the flight's outcome: the response
 //! as it streams, the stored response a 304 refreshed, a stale one on an origin error. A
 //! request that comes after a flight's body began waits for its end and reads the store.
 
 use super::directives::Directives;
 use super::flight::{self, Head, Outcome};
-use super::lead::lead;
-use super::lookup::{lookup, selecting, Entry};
+use super::lead::{lead, plan};
+use super::lookup::{judge, selecting, Entry};
+use super::mode::{state, Proxy};
 use super::policy::{self, Use};
 use super::serve::{answer_headers, client_not_modified, not_modified, serve, serve_stale, stale_on_error};
-use super::state;
-use super::stored::Stored;
-use super::{origin, Proxy};
 use crate::app::App;
 use crate::reply::{text, text_owned, Body, Resp};
 use bytes::Bytes;
 use hyper::body::Incoming;
-use hyper::header::{
-    HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, ETAG, IF_MODIFIED_SINCE,
-    IF_NONE_MATCH, IF_RANGE, LAST_MODIFIED,
-};
+use hyper::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, IF_RANGE};
 use hyper::{Method, Request, Response, StatusCode};
-use larder_engine::{now_ms, Part};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// What a flight's leader sends and stores.
-pub(super) struct Plan {
-    pub(super) uri: Vec<u8>,
-    pub(super) key: Vec<u8>,
-    pub(super) target: String,
-    /// The leader's request fields (end-to-end, larder's `Via` added, conditionals removed).
-    pub(super) headers: HeaderMap,
-    /// The leader request's own fields, for `Vary` and storability.
-    pub(super) client: HeaderMap,
-    /// The stored response being revalidated: its key, store time and description.
-    pub(super) validating: Option<(Vec<u8>, u64, Stored)>,
-}
-
-pub(super) fn plan(req: &Request<Incoming>, uri: Vec<u8>, key: Vec<u8>, stale: Option<&Entry>) -> Plan {
-    let mut headers = origin::fetch_headers(req.headers());
-    let validating = stale.map(|e| (e.key.clone(), e.value().stored_ms, e.stored.clone()));
-    if let Some((_, _, s)) = &validating {
-        if let Some(tag) = s.headers.get(ETAG) {
-            headers.insert(IF_NONE_MATCH, tag.clone());
-        }
-        if let Some(lm) = s.headers.get(LAST_MODIFIED) {
-            headers.insert(IF_MODIFIED_SINCE, lm.clone());
-        }
-    }
-    let target = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
-    Plan { uri, key, target, headers, client: req.headers().clone(), validating }
-}
 
 /// Starts a background revalidation of a stale response, unless one of its key is under way.
 pub(super) fn revalidate_in_background(app: &Arc<App>, req: &Request<Incoming>, uri: &[u8], key: &[u8], e: &Entry) {
@@ -135,23 +101,16 @@ pub(super) async fn fetch(
         Outcome::Refreshed(validated) => {
             // The refreshed entry, if it is the one this request selects and may use now.
             let store = app.store.get().expect("store is ready");
-            let part = if head {
-                Part::Nothing
-            } else {
-                crate::headers::range(req.headers()).map_or(Part::Whole, Part::Range)
-            };
-            if let Some(e) = lookup(app, store, &uri, &key, req.headers(), part).await {
-                let cc = Directives::of_response(&e.stored.headers);
-                let lifetime = policy::freshness_lifetime(e.stored.status, &e.stored.headers, &cc, e.stored.times);
-                let age_ms = policy::current_age_ms(&e.stored.headers, e.stored.times, now_ms());
-                let req_cc = Directives::of(req.headers());
+            let req_cc = Directives::of(req.headers());
+            if let Some(found) = judge(app, store, &req, &uri, &key, &req_cc, false).await {
                 // The response this request found stale, just validated, answers it whatever
                 // its own bounds (max-age=0, no-cache); a request that found nothing uses it
                 // only if it may use it as it is now.
+                let e = found.e;
                 let revalidated = stale.as_ref().is_some_and(|s| s.key == e.key && e.key == validated);
-                if revalidated || policy::usable(&req_cc, false, &cc, age_ms, lifetime) == Use::Fresh {
+                if revalidated || found.usable == Use::Fresh {
                     p.counters.revalidated.fetch_add(1, Ordering::Relaxed);
-                    return serve(app, store, e, &req, age_ms / 1000, "REVALIDATED").await;
+                    return serve(app, store, e, &req, found.age_ms / 1000, "REVALIDATED").await;
                 }
             }
             alone(req, uri, key, stale).await
@@ -181,17 +140,11 @@ pub(super) async fn after_flight(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let store = app.store.get().expect("store is ready");
-    let head = req.method() == Method::HEAD;
-    let part = if head { Part::Nothing } else { crate::headers::range(req.headers()).map_or(Part::Whole, Part::Range) };
-    if let Some(e) = lookup(app, store, &uri, &key, req.headers(), part).await {
-        let cc = Directives::of_response(&e.stored.headers);
-        let lifetime = policy::freshness_lifetime(e.stored.status, &e.stored.headers, &cc, e.stored.times);
-        let age = policy::current_age(&e.stored.headers, e.stored.times, now_ms());
-        let req_cc = Directives::of(req.headers());
-        let age_ms = policy::current_age_ms(&e.stored.headers, e.stored.times, now_ms());
-        if policy::usable(&req_cc, policy::pragma_no_cache(req.headers()), &cc, age_ms, lifetime) == Use::Fresh {
+    let (req_cc, pragma) = (Directives::of(req.headers()), policy::pragma_no_cache(req.headers()));
+    if let Some(found) = judge(app, store, &req, &uri, &key, &req_cc, pragma).await {
+        if found.usable == Use::Fresh {
             p.counters.hits.fetch_add(1, Ordering::Relaxed);
-            return serve(app, store, e, &req, age, "HIT").await;
+            return serve(app, store, found.e, &req, found.age_ms / 1000, "HIT").await;
         }
     }
     fetch(app, req, uri, key, stale, Share::Alone).await

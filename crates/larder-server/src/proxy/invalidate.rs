@@ -4,9 +4,8 @@
 //! of it already under way stores what it fetched from before.
 
 use super::lookup::cache_key;
+use super::mode::{effective_uri, state, Proxy};
 use super::pass::pass;
-use super::state;
-use super::{effective_uri, Proxy};
 use crate::app::App;
 use crate::reply::{text, Resp};
 use crate::storeio;

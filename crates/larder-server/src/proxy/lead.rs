@@ -1,19 +1,18 @@
 //! A flight's leader, a task of its own: sends the origin request, refreshes the stored
 //! response on a 304, or delivers a full response: decides whether and where it is stored,
 //! tells the members, and streams the body to them and into the store ([`Sink`]). Only a
-//! complete body, of a fetch no invalidation overtook, is stored.
+//! complete body, of a fetch no invalidation overtook, is stored. What it sends is a
+//! request's [`Plan`].
 
 use super::directives::{Delta, Directives, MAX_DELTA};
-use super::fetch::Plan;
 use super::flight::{self, end_members, send_to_members, Head, Outcome, MEMBER_STALL};
 use super::invalidate::delete;
-use super::lookup::{marker, selecting, variant_key, vary_names};
+use super::lookup::{marker, selecting, variant_key, vary_names, Entry};
+use super::mode::{state, Proxy, PASS_FOR_MS, X_CACHE};
 use super::origin::{self, OriginError};
 use super::policy::{self, Times};
 use super::serve::if_range_holds;
-use super::state;
 use super::stored::{Kind, Stored};
-use super::{Proxy, PASS_FOR_MS, X_CACHE};
 use crate::app::App;
 use crate::storeio;
 use bytes::Bytes;
@@ -22,11 +21,39 @@ use hyper::header::{
     HeaderMap, HeaderName, HeaderValue, AGE, AUTHORIZATION, CONTENT_LENGTH, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH,
     LAST_MODIFIED,
 };
-use hyper::{Method, Response, StatusCode};
+use hyper::{Method, Request, Response, StatusCode};
 use larder_engine::{now_ms, Expiry, PutOptions, Touch};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What a flight's leader sends and stores.
+pub(super) struct Plan {
+    pub(super) uri: Vec<u8>,
+    pub(super) key: Vec<u8>,
+    pub(super) target: String,
+    /// The leader's request fields (end-to-end, larder's `Via` added, conditionals removed).
+    pub(super) headers: HeaderMap,
+    /// The leader request's own fields, for `Vary` and storability.
+    pub(super) client: HeaderMap,
+    /// The stored response being revalidated: its key, store time and description.
+    pub(super) validating: Option<(Vec<u8>, u64, Stored)>,
+}
+
+pub(super) fn plan(req: &Request<Incoming>, uri: Vec<u8>, key: Vec<u8>, stale: Option<&Entry>) -> Plan {
+    let mut headers = origin::fetch_headers(req.headers());
+    let validating = stale.map(|e| (e.key.clone(), e.value().stored_ms, e.stored.clone()));
+    if let Some((_, _, s)) = &validating {
+        if let Some(tag) = s.headers.get(ETAG) {
+            headers.insert(IF_NONE_MATCH, tag.clone());
+        }
+        if let Some(lm) = s.headers.get(LAST_MODIFIED) {
+            headers.insert(IF_MODIFIED_SINCE, lm.clone());
+        }
+    }
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
+    Plan { uri, key, target, headers, client: req.headers().clone(), validating }
+}
 
 /// How long a stored response that has validators is kept after it goes stale, for
 /// revalidation, unless the ring evicts it first.

@@ -4,14 +4,16 @@
 //! marker orphans the old variants) and the request's selecting values. Selecting values are
 //! taken from the fields as they go to the origin, compared as bytes.
 
+use super::directives::Directives;
 use super::origin;
-use super::policy::Times;
+use super::policy::{self, Times, Use};
 use super::stored::{Kind, Stored};
 use crate::app::App;
 use crate::storeio::{self, Read};
+use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, VARY};
-use hyper::StatusCode;
-use larder_engine::{Part, PutOptions, Store, MAX_KEY_LEN};
+use hyper::{Method, Request, StatusCode};
+use larder_engine::{now_ms, Part, PutOptions, Store, MAX_KEY_LEN};
 use std::sync::Arc;
 
 /// Keys of stored responses start with a byte no HTTP or memcached key of larder's own can.
@@ -154,6 +156,42 @@ pub(super) async fn lookup(
         }
     }
     None
+}
+
+/// A stored response a request selects, and what RFC 9111 says of its use now.
+pub(super) struct Found {
+    pub(super) e: Entry,
+    /// The response's `Cache-Control`.
+    pub(super) cc: Directives,
+    /// Its current age, in milliseconds (§4.2.3).
+    pub(super) age_ms: u64,
+    /// Whether the request may use it as it is, stale, or after a validation (§4.2, §4.3).
+    pub(super) usable: Use,
+}
+
+/// Looks up the stored response `req` selects, for the part it asks for (nothing for a HEAD,
+/// its range), and judges its freshness against the request's `Cache-Control` (`req_cc`) and,
+/// when `pragma`, its `Pragma: no-cache`.
+pub(super) async fn judge(
+    app: &Arc<App>,
+    store: &Store,
+    req: &Request<Incoming>,
+    uri: &[u8],
+    key: &[u8],
+    req_cc: &Directives,
+    pragma: bool,
+) -> Option<Found> {
+    let h = req.headers();
+    let part = match req.method() == Method::HEAD {
+        true => Part::Nothing,
+        false => crate::headers::range(h).map_or(Part::Whole, Part::Range),
+    };
+    let e = lookup(app, store, uri, key, h, part).await?;
+    let cc = Directives::of_response(&e.stored.headers);
+    let lifetime = policy::freshness_lifetime(e.stored.status, &e.stored.headers, &cc, e.stored.times);
+    let age_ms = policy::current_age_ms(&e.stored.headers, e.stored.times, now_ms());
+    let usable = policy::usable(req_cc, pragma, &cc, age_ms, lifetime);
+    Some(Found { e, cc, age_ms, usable })
 }
 
 /// The store time of the vary marker naming `names` at `key`, the cache key of `uri`, writing

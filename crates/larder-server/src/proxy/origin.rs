@@ -13,7 +13,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use std::time::Duration;
 
 /// A request body to the origin: the client's, streamed as it arrives, or none.
-pub type OutBody = Either<super::pass::Paced, Empty<Bytes>>;
+pub type OutBody = Either<crate::body::Paced, Empty<Bytes>>;
 
 /// Why the origin did not answer.
 #[derive(Debug)]

@@ -3,20 +3,18 @@
 //! `X-Cache: PASS`: other methods than GET and HEAD, a URI in hit-for-pass, preconditions only
 //! the origin can judge, and everything while the store recovers.
 
+use super::mode::{Proxy, X_CACHE};
 use super::origin::{self, OriginError};
-use super::{Proxy, X_CACHE};
 use crate::app::App;
-use crate::guard::{BodyClock, Door, Unit};
+use crate::body::Paced;
+use crate::guard::Door;
 use crate::reply::{text, text_owned, Body, Resp};
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_LENGTH, VIA};
 use hyper::{Method, Request, Response, StatusCode};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 /// Forwards a request to the origin as it is and passes its answer back (`X-Cache: PASS`).
 /// Its body goes on as it arrives, held to the minimum rate as every body is (a client that
@@ -26,8 +24,8 @@ pub(super) async fn pass(app: &Arc<App>, p: &Proxy, req: Request<Incoming>) -> R
     let (parts, body) = req.into_parts();
     let target = parts.uri.path_and_query().map_or("/", |q| q.as_str()).to_string();
     let headers = origin::request_headers(&parts.headers);
-    let body = Paced::new(app.clone(), body);
-    let slow = body.late.clone();
+    let body = Paced::new(app.clone(), body, Door::Proxy);
+    let slow = body.late();
     match p.origin.send(parts.method.clone(), &target, headers, http_body_util::Either::Left(body)).await {
         Ok(r) => relay(p, r, parts.method == Method::HEAD),
         Err(_) if slow.load(Ordering::Relaxed) => {
@@ -92,66 +90,4 @@ pub(super) fn relay(p: &Proxy, r: Response<Incoming>, head: bool) -> Resp {
     resp.headers_mut().insert(X_CACHE.clone(), HeaderValue::from_static("PASS"));
     resp.headers_mut().append(VIA, HeaderValue::from_static(origin::VIA_VALUE));
     resp
-}
-
-/// A client's request body on its way to the origin, which must keep the minimum rate
-/// (`Policy::body_deadline`) however it trickles: past its deadline it ends with an error,
-/// which aborts the origin request.
-pub struct Paced {
-    inner: Incoming,
-    app: Arc<App>,
-    clock: BodyClock,
-    timer: Pin<Box<tokio::time::Sleep>>,
-    /// Set when the deadline passed, so that the answer can say why.
-    late: Arc<AtomicBool>,
-}
-
-impl Paced {
-    fn new(app: Arc<App>, inner: Incoming) -> Paced {
-        let timer = Box::pin(tokio::time::sleep(FAR));
-        Paced { inner, app, clock: BodyClock::new(), timer, late: Arc::default() }
-    }
-}
-
-/// No deadline (the minimum rate turned off): a timer that never fires in practice.
-const FAR: std::time::Duration = std::time::Duration::from_secs(86_400 * 365);
-
-impl hyper::body::Body for Paced {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        // Asked for more: the time since the last piece went to the origin was the origin's.
-        if this.clock.resume_at_poll() {
-            let d = this.clock.deadline(&this.app.policy).unwrap_or_else(|| tokio::time::Instant::now() + FAR);
-            this.timer.as_mut().reset(d);
-        }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(f))) => {
-                this.clock.arrived(f.data_ref().map_or(0, |d| d.len() as u64));
-                Poll::Ready(Some(Ok(f)))
-            }
-            Poll::Ready(other) => Poll::Ready(other.map(|r| r.map_err(Into::into))),
-            Poll::Pending => match this.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    this.late.store(true, Ordering::Relaxed);
-                    this.app.policy.late(Door::Proxy, Unit::Body);
-                    Poll::Ready(Some(Err("the request body arrived too slowly".into())))
-                }
-                Poll::Pending => Poll::Pending,
-            },
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
-    }
 }

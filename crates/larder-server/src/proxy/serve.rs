@@ -4,9 +4,9 @@
 
 use super::directives::Directives;
 use super::lookup::Entry;
+use super::mode::{state, Proxy, X_CACHE};
 use super::origin;
-use super::state;
-use super::{policy, Proxy, X_CACHE};
+use super::policy;
 use crate::app::App;
 use crate::reply::{text, Body, Resp};
 use crate::storeio;
