@@ -8,7 +8,7 @@
 //! answer echoes the opcode and opaque. Quiet variants answer only failures (and a quiet get
 //! not even a miss); `noop` flushes the answers of a batch of them.
 
-use super::{Answer, Data, Request, StoreOp, KEY_MAX};
+use super::request::{Answer, Data, Request, StoreOp, KEY_MAX};
 use crate::guard::Refusal;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 

@@ -1,7 +1,7 @@
 //! The meta commands' flags, read as memcached's `_meta_flag_preparse` reads them, and the
 //! flags their answers echo.
 
-use super::{safe_strtol, safe_strtoul, safe_strtoull};
+use super::number::{safe_strtol, safe_strtoul, safe_strtoull};
 use base64::Engine;
 use std::borrow::Cow;
 

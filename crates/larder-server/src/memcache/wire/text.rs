@@ -3,7 +3,8 @@
 //! of words, numbers read with the C library's rules, quirks included, so that a client sees
 //! the answers it would get from memcached. Pure: a line in, a command or an error line out.
 
-use super::{safe_strtol, safe_strtoul, safe_strtoull, Answer, Data, Request, StoreOp, KEY_MAX};
+use super::number::{safe_strtol, safe_strtoul, safe_strtoull};
+use super::request::{Answer, Data, Request, StoreOp, KEY_MAX};
 use crate::guard::Refusal;
 use bytes::BytesMut;
 
