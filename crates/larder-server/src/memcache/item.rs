@@ -151,11 +151,77 @@ pub fn concat_fits(store: &Store, len: u64) -> bool {
     len <= store.config().chunk_size.min(store.config().max_value_size)
 }
 
-/// `append` (or, not `append`, `prepend`) of `data` to `key`'s value: on the value read, if
-/// it is the version `cas` names (when given, not 0), written on the condition that it is
-/// still that value (flags, expiry and content type kept), round again when another write
-/// came in between. A result longer than [`concat_fits`] allows is `TooLarge` ("object too
-/// large for cache", memcached's words) and changes nothing.
+/// What a read-modify-write makes of the value it read.
+enum Edit<A, M> {
+    /// Answer this; nothing is written.
+    Answer(A),
+    /// Write these bytes in the value's place (flags, expiry and content type kept).
+    Replace(Vec<u8>, M),
+    /// The key has no value: make it with these bytes and this expiry.
+    Create(Vec<u8>, Expiry, M),
+}
+
+/// What [`modify`] came to.
+enum Modified<A, M> {
+    Answer(A),
+    /// The key's value is not the version named.
+    Exists,
+    /// Written: what the edit made, the new value's cas unique and expiry (ms, 0 none), and
+    /// whether the key was made.
+    Written {
+        made: M,
+        cas: u64,
+        expiry_ms: u64,
+        created: bool,
+    },
+}
+
+/// The one read-modify-write of every encoding's append, prepend, incr and decr: reads
+/// `key`'s value whole; if it is not the version `cas` names (when given, not 0), `Exists`;
+/// else asks `edit` what to make of it (`None`: the key has no value), and writes that on
+/// the condition that the key still holds what was read (to create, still nothing), going
+/// round again when another write came in between.
+fn modify<A, M>(
+    s: &Store,
+    key: &[u8],
+    cas: Option<u64>,
+    wait: bool,
+    mut edit: impl FnMut(Option<&Value>) -> larder_engine::Result<Edit<A, M>>,
+) -> larder_engine::Result<Modified<A, M>> {
+    for _ in 0..ROUNDS {
+        let v = s.get(key, &ReadOptions { part: Part::Whole, nonblocking: !wait })?;
+        if let Some(v) = &v {
+            if cas.is_some_and(|c| c != 0 && c != v.stored_ms) {
+                return Ok(Modified::Exists);
+            }
+        }
+        let (written, made, expiry_ms, created) = match (edit(v.as_ref())?, &v) {
+            (Edit::Answer(a), _) => return Ok(Modified::Answer(a)),
+            (Edit::Replace(bytes, made), Some(v)) => {
+                let cond = [Precondition::StoredAt(v.stored_ms)];
+                (s.put(key, &bytes, &PutOptions { nonblocking: !wait, ..keep(v, &cond) }), made, v.expiry_ms, false)
+            }
+            (Edit::Replace(..), None) => unreachable!("an edit replaces only a value it read"),
+            (Edit::Create(bytes, expiry, made), _) => {
+                let absent = [Precondition::Absent];
+                let opts = PutOptions { expiry, preconditions: &absent, nonblocking: !wait, ..Default::default() };
+                (s.put(key, &bytes, &opts), made, expiry.at_ms(now_ms()), true)
+            }
+        };
+        match written {
+            // Answered from what was written, not read back: with a TTL already past, the
+            // value is expired at once, and a read would miss it.
+            Ok(st) => return Ok(Modified::Written { made, cas: st.version.stored_ms, expiry_ms, created }),
+            Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(contended())
+}
+
+/// `append` (or, not `append`, `prepend`) of `data` to `key`'s value ([`modify`]), if it is
+/// the version `cas` names. A result longer than [`concat_fits`] allows is `TooLarge`
+/// ("object too large for cache", memcached's words) and changes nothing.
 pub fn concat(
     s: &Store,
     key: &[u8],
@@ -165,29 +231,21 @@ pub fn concat(
     wait: bool,
 ) -> larder_engine::Result<Wrote> {
     let too_large = || larder_engine::Error::new(ErrorKind::TooLarge, "object too large for cache");
-    for _ in 0..ROUNDS {
-        let v = match s.get(key, &ReadOptions { part: Part::Whole, nonblocking: !wait }) {
-            Ok(Some(v)) => v,
-            Ok(None) => return Ok(Wrote::Absent),
-            // A value longer than a chunk, which the store does not read whole.
-            Err(e) if e.kind() == ErrorKind::TooLarge => return Err(too_large()),
-            Err(e) => return Err(e),
-        };
-        if cas.is_some_and(|c| c != 0 && c != v.stored_ms) {
-            return Ok(Wrote::Exists);
-        }
+    let r = modify(s, key, cas, wait, |v| {
+        let Some(v) = v else { return Ok(Edit::Answer(Wrote::Absent)) };
         if !concat_fits(s, (v.data.len() + data.len()) as u64) {
             return Err(too_large());
         }
-        let joined = if append { [&v.data[..], data].concat() } else { [data, &v.data[..]].concat() };
-        let cond = [Precondition::StoredAt(v.stored_ms)];
-        match s.put(key, &joined, &PutOptions { nonblocking: !wait, ..keep(&v, &cond) }) {
-            Ok(st) => return Ok(Wrote::Stored(st.version.stored_ms)),
-            Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-            Err(e) => return Err(e),
-        }
+        Ok(Edit::Replace(if append { [&v.data[..], data].concat() } else { [data, &v.data[..]].concat() }, ()))
+    });
+    match r {
+        Ok(Modified::Answer(a)) => Ok(a),
+        Ok(Modified::Exists) => Ok(Wrote::Exists),
+        Ok(Modified::Written { cas, .. }) => Ok(Wrote::Stored(cas)),
+        // A value longer than a chunk, which the store does not read whole.
+        Err(e) if e.kind() == ErrorKind::TooLarge => Err(too_large()),
+        Err(e) => Err(e),
     }
-    Err(contended())
 }
 
 /// What `incr` or `decr` came to.
@@ -206,11 +264,9 @@ pub enum Counted {
     NotNumeric,
 }
 
-/// `incr` (or, not `incr`, `decr`) of `key` by `delta`, as memcached computes and stores it
-/// ([`apply_delta`]): on the value read, if it is the version `cas` names (when not 0),
-/// written on the condition that it is still that value, round again when another write
-/// came in between. A missing key is made with `create`'s initial value and expiry when given
-/// (binary, meta `N`), else not found.
+/// `incr` (or, not `incr`, `decr`) of `key` by `delta` ([`modify`]), as memcached computes
+/// and stores it ([`apply_delta`]), if it is the version `cas` names. A missing key is made
+/// with `create`'s initial value and expiry when given (binary, meta `N`), else not found.
 pub fn arith(
     s: &Store,
     key: &[u8],
@@ -219,42 +275,26 @@ pub fn arith(
     cas: Option<u64>,
     create: Option<(u64, Expiry)>,
 ) -> larder_engine::Result<Counted> {
-    for _ in 0..ROUNDS {
-        let v = match s.get(key, &ReadOptions::default()) {
-            Ok(Some(v)) => v,
-            Ok(None) => {
-                let Some((initial, exp)) = create else { return Ok(Counted::NotFound) };
-                let absent = [Precondition::Absent];
-                let opts = PutOptions { expiry: exp, preconditions: &absent, ..Default::default() };
-                // Answered from what was written, not read back: with a TTL already past, the
-                // value is expired at once, and a read would miss it.
-                match s.put(key, initial.to_string().as_bytes(), &opts) {
-                    Ok(st) => {
-                        let (cas, expiry_ms) = (st.version.stored_ms, exp.at_ms(now_ms()));
-                        return Ok(Counted::Number { n: initial, cas, expiry_ms, created: true });
-                    }
-                    Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-                    Err(e) => return Err(e),
-                }
-            }
-            // Longer than a chunk: no number is that long.
-            Err(e) if e.kind() == ErrorKind::TooLarge => return Ok(Counted::NotNumeric),
-            Err(e) => return Err(e),
-        };
-        if cas.is_some_and(|c| c != 0 && c != v.stored_ms) {
-            return Ok(Counted::Exists);
+    let r = modify(s, key, cas, true, |v| {
+        Ok(match (v, create) {
+            (None, None) => Edit::Answer(Counted::NotFound),
+            (None, Some((initial, exp))) => Edit::Create(initial.to_string().into_bytes(), exp, initial),
+            (Some(v), _) => match apply_delta(&v.data, incr, delta) {
+                Some((n, bytes)) => Edit::Replace(bytes, n),
+                None => Edit::Answer(Counted::NotNumeric),
+            },
+        })
+    });
+    match r {
+        Ok(Modified::Answer(a)) => Ok(a),
+        Ok(Modified::Exists) => Ok(Counted::Exists),
+        Ok(Modified::Written { made, cas, expiry_ms, created }) => {
+            Ok(Counted::Number { n: made, cas, expiry_ms, created })
         }
-        let Some((n, bytes)) = apply_delta(&v.data, incr, delta) else { return Ok(Counted::NotNumeric) };
-        let cond = [Precondition::StoredAt(v.stored_ms)];
-        match s.put(key, &bytes, &keep(&v, &cond)) {
-            Ok(st) => {
-                return Ok(Counted::Number { n, cas: st.version.stored_ms, expiry_ms: v.expiry_ms, created: false })
-            }
-            Err(e) if e.kind() == ErrorKind::PreconditionFailed => continue,
-            Err(e) => return Err(e),
-        }
+        // Longer than a chunk: no number is that long.
+        Err(e) if e.kind() == ErrorKind::TooLarge => Ok(Counted::NotNumeric),
+        Err(e) => Err(e),
     }
-    Err(contended())
 }
 
 /// The answer to `incr`/`decr` on a stored `value`: the new number, and the bytes to store (as
