@@ -602,6 +602,14 @@ fn a_watcher_sees_gets_and_sets_and_does_not_hold_up_a_stop() {
     assert_eq!(m.ask(b"get w:1\r\n", "END\r\n"), "VALUE w:1 0 2\r\nhi\r\nEND\r\n");
     let line = w.read_until("size=2\n");
     assert!(line.contains("type=item_get key=w%3A1 status=found clsid=1 cfd="), "{line}");
+    // The binary protocol's sets and gets run through the same command table: the same lines.
+    let mut b = Mc::connect(&s);
+    assert_eq!(b.binary(0x01, b"w:2", &[0; 8], b"bin").0, 0);
+    let lines = w.read_until("size=3\n");
+    assert!(lines.contains("type=item_store key=w%3A2 status=stored cmd=set ttl=0 clsid=1 cfd="), "{lines}");
+    assert_eq!(b.binary(0x00, b"w:2", &[], &[]), (0, b"bin".to_vec()));
+    let line = w.read_until("size=3\n");
+    assert!(line.contains("type=item_get key=w%3A2 status=found clsid=1 cfd="), "{line}");
     assert_eq!(Mc::connect(&s).ask(b"watch nonsense\r\n", "\r\n"), "ERROR\r\n");
     let started = Instant::now();
     s.stop();
