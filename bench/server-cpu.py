@@ -6,6 +6,10 @@ threads spent (from /proc), divided by the requests made, and the round trip. Th
 turns in slices, so that drift falls on all alike.
 
 usage: target/python/bin/python bench/server-cpu.py [--ops 40000] [--larder target/release/larder]
+       [--larder-b OTHER_BUILD]
+
+With --larder-b, a second larder build (say, the one before a change) serves the same
+requests in the same slices, its rows marked "B": a before-and-after measured in one run.
 """
 
 from __future__ import annotations
@@ -13,33 +17,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
-import struct
 import subprocess
 import tempfile
 import time
 from typing import Callable, Dict, List, Tuple
 
+from benchlib import binary, binary_done, connect, free_port, until
+
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def connect(port: int) -> socket.socket:
-    deadline = time.time() + 30
-    while True:
-        try:
-            s = socket.create_connection(("127.0.0.1", port))
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return s
-        except OSError:
-            if time.time() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def cpu(pid: int) -> Tuple[float, float]:
@@ -52,28 +37,9 @@ def cpu(pid: int) -> Tuple[float, float]:
     return user / TICK, system / TICK
 
 
-def until(s: socket.socket, done: Callable[[bytes], bool]) -> None:
-    buf = s.recv(65536)
-    while not done(buf):
-        more = s.recv(65536)
-        if not more:
-            raise ConnectionError("the server closed the connection")
-        buf += more
-
-
 def http_done(buf: bytes) -> bool:
     head, sep, body = buf.partition(b"\r\n\r\n")
     return bool(sep) and len(body) >= int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-
-
-def binary_done(buf: bytes) -> bool:
-    return len(buf) >= 24 and len(buf) >= 24 + struct.unpack(">I", buf[8:12])[0]
-
-
-def binary(opcode: int, key: bytes, extras: bytes = b"", value: bytes = b"") -> bytes:
-    """A binary protocol request: magic, opcode, key length, extras length, body length."""
-    body = len(extras) + len(key) + len(value)
-    return struct.pack(">BBHBBHIIQ", 0x80, opcode, len(key), len(extras), 0, 0, body, 0, 0) + extras + key + value
 
 
 def main() -> None:
@@ -81,29 +47,41 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=40000)
     ap.add_argument("--slices", type=int, default=20)
     ap.add_argument("--larder", default="target/release/larder")
+    ap.add_argument("--larder-b", help="a second larder build, measured alongside (rows marked B)")
     ap.add_argument("--memcached", default="/usr/bin/memcached")
     a = ap.parse_args()
     os.sched_setaffinity(0, {0})
     tmp = tempfile.mkdtemp(prefix="larder-cpu-")
-    http, mc_larder, mc = free_port(), free_port(), free_port()
-    larder = subprocess.Popen(["taskset", "-c", "1", a.larder, "serve", "--listen", f"127.0.0.1:{http}",
-                               "--memcache-listen", f"127.0.0.1:{mc_larder}", "--data-dir", f"{tmp}/larder",
-                               "--volume-size", "256MiB", "--volume-count", "8", "--log-level", "error"],
-                              stdout=subprocess.DEVNULL)
+    mc = free_port()
+
+    def start_larder(binary: str, name: str) -> Tuple[subprocess.Popen, int, int]:
+        http, memcache = free_port(), free_port()
+        p = subprocess.Popen(["taskset", "-c", "1", binary, "serve", "--listen", f"127.0.0.1:{http}",
+                              "--memcache-listen", f"127.0.0.1:{memcache}", "--data-dir", f"{tmp}/{name}",
+                              "--volume-size", "256MiB", "--volume-count", "8", "--log-level", "error"],
+                             stdout=subprocess.DEVNULL)
+        return p, http, memcache
+
+    larders = [("larder", *start_larder(a.larder, "larder"))]
+    if a.larder_b:
+        larders.append(("larder B", *start_larder(a.larder_b, "larder-b")))
     memcached = subprocess.Popen(["taskset", "-c", "1", a.memcached, "-l", "127.0.0.1", "-p", str(mc), "-U", "0",
                                   "-t", "1", "-m", "1024", "-u", "nobody"], stdout=subprocess.DEVNULL)
     value = os.urandom(1024)
     keys = 2000  # the same keys again and again: gets are hits in larder's memory tier
     try:
-        h, ml, m = connect(http), connect(mc_larder), connect(mc)
-        bl, b = connect(mc_larder), connect(mc)  # binary connections (the first byte decides)
-        kinds: Dict[str, Tuple[int, Callable[[int], None]]] = {
-            "larder HTTP PUT": (larder.pid, lambda i: (h.sendall(
-                b"PUT /c/%d HTTP/1.1\r\nHost: b\r\nContent-Length: 1024\r\n\r\n" % i + value), until(h, http_done))[1]),
-            "larder HTTP GET": (larder.pid, lambda i: (h.sendall(b"GET /c/%d HTTP/1.1\r\nHost: b\r\n\r\n" % i),
-                                                       until(h, http_done))[1]),
-        }
-        for name, pid, s, bs in (("larder memcached", larder.pid, ml, bl), ("memcached", memcached.pid, m, b)):
+        kinds: Dict[str, Tuple[int, Callable[[int], None]]] = {}
+        peers = []
+        for lname, larder, http, mc_larder in larders:
+            h = connect(http)
+            kinds[f"{lname} HTTP PUT"] = (larder.pid, lambda i, h=h: (h.sendall(
+                b"PUT /c/%d HTTP/1.1\r\nHost: b\r\nContent-Length: 1024\r\n\r\n" % i + value), until(h, http_done))[1])
+            kinds[f"{lname} HTTP GET"] = (larder.pid, lambda i, h=h: (h.sendall(
+                b"GET /c/%d HTTP/1.1\r\nHost: b\r\n\r\n" % i), until(h, http_done))[1])
+            # The binary protocol on a connection of its own (the first byte decides).
+            peers.append((f"{lname} memcached", larder.pid, connect(mc_larder), connect(mc_larder)))
+        peers.append(("memcached", memcached.pid, connect(mc), connect(mc)))
+        for name, pid, s, bs in peers:
             kinds[f"{name} set"] = (pid, lambda i, s=s: (s.sendall(b"set c%d 0 0 1024\r\n" % i + value + b"\r\n"),
                                                          until(s, lambda b: b.endswith(b"\r\n")))[1])
             kinds[f"{name} get"] = (pid, lambda i, s=s: (s.sendall(b"get c%d\r\n" % i),
@@ -133,7 +111,7 @@ def main() -> None:
                 spent[name][1] += s1 - s0
                 spent[name][2] += t1 - t0
     finally:
-        for p in (larder, memcached):
+        for p in [lr[1] for lr in larders] + [memcached]:
             p.terminate()
             p.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)

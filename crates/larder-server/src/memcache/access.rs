@@ -23,11 +23,13 @@ pub const CREDENTIAL_MAX: u64 = 1024;
 
 /// Whether the connection may make the server hold more than a credential's worth of input
 /// (a long line of keys, a binary body): authenticated, or no token configured.
+#[inline]
 pub fn may_hold(c: &Conn) -> bool {
     c.who == Identity::Token || !c.app.policy.needs_credentials()
 }
 
 /// What a text or meta request asks for.
+#[inline]
 pub fn text_permission(req: &Request<'_>) -> Permission {
     match req {
         Request::Get { touch: None, .. } => Permission::Read,
@@ -54,6 +56,7 @@ pub fn text_permission(req: &Request<'_>) -> Permission {
 }
 
 /// Asks the policy about a text command on this connection.
+#[inline]
 pub fn admit_text(c: &Conn, req: &Request<'_>) -> Result<(), Refusal> {
     c.app.policy.admit(Door::MemcacheText, Session::PerConnection, c.who, text_permission(req))
 }
@@ -96,6 +99,7 @@ pub async fn login(c: &mut Conn, len: u64) -> Result<(), End> {
 }
 
 /// What a binary request asks for, by opcode (SASL's own opcodes are the exchange itself).
+#[inline]
 pub fn binary_permission(opcode: u8) -> Permission {
     match opcode {
         0x00 | 0x09 | 0x0c | 0x0d => Permission::Read,
@@ -122,6 +126,7 @@ pub fn binary_permission(opcode: u8) -> Permission {
 }
 
 /// Asks the policy about a binary request on this connection.
+#[inline]
 pub fn admit_binary(c: &Conn, opcode: u8) -> Result<(), Refusal> {
     c.app.policy.admit(Door::MemcacheBinary, Session::PerConnection, c.who, binary_permission(opcode))
 }

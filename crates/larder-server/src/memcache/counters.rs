@@ -65,6 +65,9 @@ pub const COMMANDS: [&str; 28] = [
     "auth",
     "other",
 ];
+/// Where `incr` and `decr` are in [`COMMANDS`] (the kinds of get come first).
+const INCR: usize = 11;
+const DECR: usize = 12;
 /// The kinds of get.
 pub const GETS: [&str; 4] = ["get", "gets", "gat", "gats"];
 /// The outcomes counted apart.
@@ -97,15 +100,17 @@ pub enum Outcome {
     ServerError,
 }
 
+#[inline]
 pub fn command_index(name: &[u8]) -> usize {
     COMMANDS.iter().position(|c| c.as_bytes() == name).unwrap_or(COMMANDS.len() - 1)
 }
 
-/// How an answer to the command `name` counts, whichever encoding it goes out in: a get's or
+/// How an answer to the command `command` ([`command_index`]) counts, whichever encoding it goes out in: a get's or
 /// an arithmetic's miss is a miss; a refusal as read-only is the server's error, another the
 /// client's.
-pub fn outcome(name: &[u8], a: &Answer) -> Outcome {
-    let lookup = matches!(name, b"get" | b"gets" | b"gat" | b"gats" | b"incr" | b"decr");
+#[inline]
+pub fn outcome(command: usize, a: &Answer) -> Outcome {
+    let lookup = command < GETS.len() || command == INCR || command == DECR;
     match a {
         Answer::Stored { .. } => Outcome::Stored,
         Answer::NotStored => Outcome::NotStored,
@@ -195,5 +200,22 @@ impl Counters {
     /// memcached's `touch_hits`: touches and gets-and-touches that found their key.
     pub fn touch_hits(&self) -> u64 {
         self.get("touch", "touched") + self.sum(&["gat", "gats"], &["hit"])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_miss_of_a_lookup_is_a_miss_and_of_anything_else_not_found() {
+        assert_eq!((COMMANDS[INCR], COMMANDS[DECR]), ("incr", "decr"));
+        assert!(GETS.iter().enumerate().all(|(i, g)| COMMANDS[i] == *g), "the gets come first");
+        for (name, want) in
+            [("get", "miss"), ("gat", "miss"), ("decr", "miss"), ("delete", "not_found"), ("touch", "not_found")]
+        {
+            let o = outcome(command_index(name.as_bytes()), &Answer::NotFound);
+            assert_eq!(OUTCOMES[o as usize], want, "{name}");
+        }
     }
 }

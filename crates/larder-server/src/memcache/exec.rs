@@ -22,10 +22,14 @@ use larder_engine::{ErrorKind, Part, Store};
 pub async fn run(c: &mut Conn, store: &Store, req: Request<'_>, reply: Reply) -> Result<(), End> {
     let name = req.name();
     let a = match req {
-        Request::Get { keys, cas, touch } => return get(c, store, name, &keys, cas, touch, reply).await,
+        Request::Get { keys, cas, touch } => return get(c, store, name, keys.as_slice(), cas, touch, reply).await,
         Request::Store { op, key, flags, exptime, cas, data } => {
             detail().record(key, DetailOp::Set);
-            let watched = before_store(c, store, key).await;
+            // Boxed: only while someone watches, and its state would be moved on every set.
+            let watched = c.listener.log.watched();
+            if watched {
+                Box::pin(before_store(c, store, key)).await;
+            }
             let len = match &data {
                 Data::Follows(len) => *len,
                 Data::Here(b) => b.len() as u64,
@@ -36,7 +40,8 @@ pub async fn run(c: &mut Conn, store: &Store, req: Request<'_>, reply: Reply) ->
                 after_store(c, key, &a, name, exptime, len);
             }
             if sent {
-                counters().count(command_index(name), outcome(name, &a));
+                let command = command_index(name);
+                counters().count(command, outcome(command, &a));
                 return Ok(());
             }
             a
@@ -63,8 +68,11 @@ pub async fn run(c: &mut Conn, store: &Store, req: Request<'_>, reply: Reply) ->
         Request::Verbosity => Answer::Ok,
         Request::MetaNoop | Request::Noop => Answer::Noop,
         Request::Quit => Answer::Bye,
-        Request::Stats(args) if args.first() == Some(&&b"cachedump"[..]) => {
-            return operator::cachedump(c, &args).await;
+        // A key dump streams text lines: the text protocol's alone.
+        // The operator's commands are boxed: their state is large and they are rare, and the
+        // table's own state is moved for every request.
+        Request::Stats(args) if !reply.binary() && args.first() == Some(&&b"cachedump"[..]) => {
+            return Box::pin(operator::cachedump(c, &args)).await;
         }
         Request::Stats(args) => {
             let text = operator::stats(c, store, &args).await;
@@ -74,7 +82,7 @@ pub async fn run(c: &mut Conn, store: &Store, req: Request<'_>, reply: Reply) ->
             }
             return Ok(());
         }
-        Request::Operator(words) => return operator::run(c, &words).await,
+        Request::Operator(words) => return Box::pin(operator::run(c, &words)).await,
         Request::Meta { cmd, words } => return meta::run(c, store, cmd, &words).await,
         Request::Sasl { opcode, mechanism, data } => access::sasl(c, opcode, mechanism, data),
         Request::Unknown => Answer::Unknown,
@@ -88,8 +96,10 @@ pub async fn run(c: &mut Conn, store: &Store, req: Request<'_>, reply: Reply) ->
 
 /// Counts an answer to the command `name` and renders it in the request's encoding (nothing
 /// for a text command sent with `noreply`).
+#[inline]
 pub fn answer(c: &mut Conn, name: &[u8], a: &Answer, reply: Reply) {
-    counters().count(command_index(name), outcome(name, a));
+    let command = command_index(name);
+    counters().count(command, outcome(command, a));
     match reply {
         Reply::Text { noreply: true } => {}
         Reply::Text { noreply: false } => text::render(&mut c.out, a),
@@ -110,7 +120,12 @@ async fn get(
 ) -> Result<(), End> {
     let command = command_index(name);
     for &key in keys {
-        let found = match item::read(c, store, key, Part::Whole, touch).await {
+        let found = match (read_body_of(&c.app, store, key, Part::Whole).await, touch) {
+            (Ok(found), Some(t)) => item::touch_after_read(c, key, found, t).await,
+            (found, None) => found,
+            (Err(e), _) => Err(e),
+        };
+        let found = match found {
             Ok(found) => found,
             Err(e) => {
                 answer(c, name, &item::failed(&e), reply);
@@ -133,14 +148,16 @@ async fn get(
             Reply::Text { .. } => text::value_line(&mut c.out, key, v.flags, v.len, cas.then_some(v.stored_ms)),
             Reply::Binary(h) => binary::value_head(&mut c.out, &h, key, v.flags, v.len, v.stored_ms),
         }
-        item::send_value(c, store, found).await?;
+        if let Some(rest) = item::send_value(c, store, found) {
+            rest.await?;
+        }
         if !reply.binary() {
-            c.out.extend_from_slice(b"\r\n");
+            c.out.extend_from_slice(text::VALUE_END);
         }
         c.maybe_flush().await?;
     }
     if !reply.binary() {
-        c.out.extend_from_slice(b"END\r\n");
+        c.out.extend_from_slice(text::GET_END);
     }
     Ok(())
 }
@@ -202,19 +219,15 @@ async fn store_cmd(
     Ok((a, false))
 }
 
-/// Before a storage command: whether anyone watches, and if so the lookup of the key a store
-/// makes first, as memcached's does (its watchers see an `item_get` for it).
-async fn before_store(c: &Conn, store: &Store, key: &[u8]) -> bool {
-    if !c.listener.log.watched() {
-        return false;
-    }
+/// Before a storage command that someone watches: the lookup of the key a store makes
+/// first, as memcached's does (its watchers see an `item_get` for it).
+async fn before_store(c: &Conn, store: &Store, key: &[u8]) {
     let prior = read_body_of(&c.app, store, key, Part::Nothing).await.ok().flatten();
     c.listener.log.item_get(key, prior.map(|f| f.value().len), c.id);
-    true
 }
 
 /// After a storage command (`name`, `exptime` and `len` as the client sent them) that
-/// [`before_store`] found watched: its `item_store` line.
+/// someone watches: its `item_store` line.
 fn after_store(c: &Conn, key: &[u8], a: &Answer, name: &[u8], exptime: i64, len: u64) {
     let status = match a {
         Answer::Stored { .. } => "stored",

@@ -14,6 +14,8 @@ use bytes::Bytes;
 use larder_engine::{
     now_ms, DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, ReadOptions, Store, Value,
 };
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 /// Rounds a read-modify-write (append, incr, …) goes before it gives up on a key written
@@ -336,23 +338,23 @@ pub async fn touch(c: &Conn, store: &Store, key: &[u8], exptime: i64) -> larder_
     Ok(Answer::Touched { cas: v.stored_ms, flags })
 }
 
-/// Reads `part` of `key`'s value for a get; with `touch`, gives it that expiry after the read
-/// (gat, mg `T`: the value found is answered, then expires as asked, a negative one after
-/// this answer, as in memcached). A value written or deleted between the read and the touch
-/// is a miss.
-pub async fn read(
-    c: &Conn,
-    store: &Store,
-    key: &[u8],
-    part: Part,
-    touch: Option<i64>,
-) -> larder_engine::Result<Option<Read>> {
-    let found = read_body_of(&c.app, store, key, part).await?;
-    let (Some(f), Some(t)) = (&found, touch) else { return Ok(found) };
-    let (k, e, version) = (key.to_vec(), expiry(t), f.value().version());
-    Ok(match blocking(&c.app, move |s| s.touch(&k, e)).await? {
-        Some(v) if v == version => found,
-        _ => None,
+/// gat, mg `T`: gives `key`, just read as `found`, the expiry `exptime` after the read (the
+/// value found is answered, then expires as asked, a negative one after this answer, as in
+/// memcached). A value written or deleted between the read and the touch is a miss. Boxed:
+/// its state is large and a touch is rare, and the plain get that holds it stays small to move.
+pub fn touch_after_read<'a>(
+    c: &'a Conn,
+    key: &'a [u8],
+    found: Option<Read>,
+    exptime: i64,
+) -> Pin<Box<dyn Future<Output = larder_engine::Result<Option<Read>>> + Send + 'a>> {
+    Box::pin(async move {
+        let Some(f) = found else { return Ok(None) };
+        let (k, e, version) = (key.to_vec(), expiry(exptime), f.value().version());
+        Ok(match blocking(&c.app, move |s| s.touch(&k, e)).await? {
+            Some(v) if v == version => Some(f),
+            _ => None,
+        })
     })
 }
 
@@ -362,17 +364,26 @@ pub async fn flush(c: &Conn, delay: i64) -> larder_engine::Result<()> {
     blocking(&c.app, move |s| s.flush_all(Duration::from_secs(secs))).await
 }
 
-/// Sends a value found: in place when in memory; a value longer than a chunk piece by piece,
-/// each verified before it goes, within the body budget (two pieces). A piece that fails
-/// closes the connection: the client never takes a short or wrong value for a whole one.
-pub async fn send_value(c: &mut Conn, store: &Store, found: Read) -> Result<(), End> {
-    let mut r = match found {
+/// What is left to send of a value once [`send_value`] has put what it could in the answer.
+pub type Rest<'a> = Pin<Box<dyn Future<Output = Result<(), End>> + Send + 'a>>;
+
+/// Sends a value found: in place when in memory (the value's bytes by reference: the answers
+/// go out with one vectored write); a value longer than a chunk piece by piece, in the
+/// [`Rest`] to await. Not itself async: the common answer adds no state to move.
+pub fn send_value<'a>(c: &'a mut Conn, store: &'a Store, found: Read) -> Option<Rest<'a>> {
+    match found {
         Read::Value(v) => {
             c.out.value(v.data);
-            return Ok(());
+            None
         }
-        Read::Pieces(r) => r,
-    };
+        Read::Pieces(r) => Some(Box::pin(stream_value(c, store, r))),
+    }
+}
+
+/// A value longer than a chunk, piece by piece, each verified before it goes, within the body
+/// budget (two pieces). A piece that fails closes the connection: the client never takes a
+/// short or wrong value for a whole one.
+async fn stream_value(c: &mut Conn, store: &Store, mut r: larder_engine::ValueReader) -> Result<(), End> {
     let len = r.value().len;
     let room = c.app.body_budget.reserve_exact(len.min(2 * store.config().chunk_size)).await;
     loop {
@@ -421,7 +432,8 @@ pub enum Block {
 /// Reads a storage command's data block (see [`Block`]).
 pub async fn read_data(c: &mut Conn, store: &Store, put: &Put, len: u64) -> Result<Option<Block>, End> {
     if len > store.config().chunk_size {
-        let streamed = put_streamed(c, put.clone(), len).await?;
+        // Boxed, as `stream_value`: large and rare.
+        let streamed = Box::pin(put_streamed(c, put.clone(), len)).await?;
         return Ok(streamed.map(|r| Block::Streamed(r.map(|st| st.map_or(0, |st| st.version.stored_ms)))));
     }
     c.read_block(len as usize + 2).await?;

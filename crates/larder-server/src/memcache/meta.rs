@@ -60,7 +60,12 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     let app = c.app.clone();
     let part = if f.value { Part::Whole } else { Part::Nothing };
     // With `T`, the value found is given its new TTL after the read (as gat's).
-    let mut found = match item::read(c, store, &key, part, f.ttl).await {
+    let found = read_body_of(&app, store, &key, part).await;
+    let found = match (found, f.ttl) {
+        (Ok(found), Some(t)) => item::touch_after_read(c, &key, found, t).await,
+        (found, _) => found,
+    };
+    let mut found = match found {
         Ok(found) => found,
         Err(e) => {
             failed(c, &e);
@@ -85,7 +90,10 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
                     return Ok(());
                 }
             }
-            found = item::read(c, store, &key, part, f.ttl).await.unwrap_or(None);
+            found = read_body_of(&app, store, &key, part).await.unwrap_or(None);
+            if let Some(t) = f.ttl {
+                found = item::touch_after_read(c, &key, found, t).await.unwrap_or(None);
+            }
         }
     }
     let Some(found) = found else {
@@ -158,7 +166,9 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     }
     items.set(&key, state);
     if f.value {
-        item::send_value(c, store, found).await?;
+        if let Some(rest) = item::send_value(c, store, found) {
+            rest.await?;
+        }
         c.out.extend_from_slice(b"\r\n");
     }
     Ok(())

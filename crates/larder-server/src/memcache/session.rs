@@ -11,6 +11,9 @@ use super::item;
 use super::wire::binary::{self, Header, HEADER};
 use super::wire::text::{self, Parsed, LINE_MAX};
 use super::wire::{safe_strtol, Answer, Data, Reply, Request, KEY_MAX};
+use crate::app::App;
+use crate::guard::Refusal;
+use larder_engine::Store;
 
 /// Reads and runs requests until the connection ends.
 pub async fn run(c: &mut Conn) -> Result<(), End> {
@@ -43,7 +46,13 @@ pub async fn run(c: &mut Conn) -> Result<(), End> {
             let words = line[..nl].strip_suffix(b"\r").unwrap_or(&line[..nl]);
             match text::parse(words) {
                 Parsed::Command(req, noreply) => {
-                    run_text(c, req, noreply).await?;
+                    // Admitted and the store ready: straight to the table, with no layer of
+                    // state between (each one is moved on every request); else turned away.
+                    let app = c.app.clone();
+                    match (access::admit_text(c, &req), app.store.get()) {
+                        (Ok(()), Some(store)) => exec::run(c, store, req, Reply::Text { noreply }).await?,
+                        (admitted, _) => Box::pin(turn_away_text(c, req, admitted.err())).await?,
+                    }
                     c.command_done();
                 }
                 Parsed::Error { line, noreply } => {
@@ -83,24 +92,10 @@ fn data_block(req: &Request<'_>) -> Option<u64> {
     }
 }
 
-/// A text (or meta) request: admitted, or refused (its data block read past), or taken as
-/// the `-Y` login it is; then run.
-async fn run_text(c: &mut Conn, req: Request<'_>, noreply: bool) -> Result<(), End> {
-    let app = c.app.clone();
-    if let Err(refusal) = access::admit_text(c, &req) {
-        if access::is_login(c, &req, refusal) {
-            let Some(len) = data_block(&req) else { unreachable!("a login is a set") };
-            return access::login(c, len).await;
-        }
-        // Sent at once, `noreply` or not, as memcached sends errors.
-        let name = req.name();
-        exec::answer(c, name, &Answer::Refused(refusal), Reply::Text { noreply: false });
-        if let Some(len) = data_block(&req) {
-            c.flush_then_swallow(len + 2).await?;
-        }
-        return Ok(());
-    }
-    let Some(store) = app.store.get() else {
+/// A text (or meta) request the policy refused (`refusal`), or that came while the store
+/// recovers: answered, its data block read past; or the `-Y` login it is.
+async fn turn_away_text(c: &mut Conn, req: Request<'_>, refusal: Option<Refusal>) -> Result<(), End> {
+    let Some(refusal) = refusal else {
         // Still recovering: a data block is read past, then the answer is an error.
         if let Some(len) = data_block(&req) {
             c.swallow(len + 2).await?;
@@ -108,7 +103,16 @@ async fn run_text(c: &mut Conn, req: Request<'_>, noreply: bool) -> Result<(), E
         exec::answer(c, req.name(), &Answer::NotReady, Reply::Text { noreply: false });
         return Ok(());
     };
-    exec::run(c, store, req, Reply::Text { noreply }).await
+    if access::is_login(c, &req, refusal) {
+        let Some(len) = data_block(&req) else { unreachable!("a login is a set") };
+        return access::login(c, len).await;
+    }
+    // Sent at once, `noreply` or not, as memcached sends errors.
+    exec::answer(c, req.name(), &Answer::Refused(refusal), Reply::Text { noreply: false });
+    if let Some(len) = data_block(&req) {
+        c.flush_then_swallow(len + 2).await?;
+    }
+    Ok(())
 }
 
 /// Reads and answers binary requests until the connection ends.
@@ -119,14 +123,14 @@ async fn run_binary(c: &mut Conn) -> Result<(), End> {
             let Some(h) = Header::parse(&c.input[..HEADER]) else {
                 return Err(End::Closed); // memcached closes a connection that stops making sense
             };
-            if let Some(answer) = frame_binary(c, &h).await? {
-                // Answered at once; the body is read past so the stream stays in step.
-                exec::answer(c, binary::command_name(h.opcode), &answer, Reply::Binary(h));
-                c.flush_then_swallow((HEADER + h.body_len) as u64).await?;
-                continue;
-            }
             let app = c.app.clone();
-            let store = app.store.get().expect("checked by frame_binary");
+            let store = match frame_binary(c, &h, &app) {
+                Ok(store) => store,
+                Err(turn) => {
+                    Box::pin(turn_away_binary(c, &h, turn)).await?;
+                    continue;
+                }
+            };
             c.read_block(HEADER + h.body_len).await?;
             let packet = c.input.split_to(HEADER + h.body_len).freeze();
             let body = packet.slice(HEADER..);
@@ -146,32 +150,51 @@ async fn run_binary(c: &mut Conn) -> Result<(), End> {
     }
 }
 
-/// What a binary request is answered before its body is read, if anything: a refusal of the
+/// Why a binary request is answered before its body is read.
+enum Turn {
+    Answer(Answer),
+    /// A set whose value is too large: its key's old value is dropped first.
+    TooLargeSet,
+}
+
+/// The store, if a binary request may be read and run; else why not: a refusal of the
 /// policy, a body too large for a connection not yet authenticated, the store not ready, a
 /// value larger than a chunk (for HTTP and the text protocol, which stream, as
-/// docs/MEMCACHED.md says) or a key too long. A set refused as too large drops the key, as
-/// memcached's does (its key comes before the value).
-async fn frame_binary(c: &mut Conn, h: &Header) -> Result<Option<Answer>, End> {
+/// docs/MEMCACHED.md says) or a key too long.
+fn frame_binary<'a>(c: &Conn, h: &Header, app: &'a App) -> Result<&'a Store, Turn> {
     // The policy first, before a byte of the body is held.
-    if let Err(refusal) = access::admit_binary(c, h.opcode) {
-        return Ok(Some(Answer::Refused(refusal)));
-    }
+    access::admit_binary(c, h.opcode).map_err(|r| Turn::Answer(Answer::Refused(r)))?;
     // Before a connection authenticates, what it may send is small (a credential).
     if !access::may_hold(c) && h.body_len as u64 > access::CREDENTIAL_MAX {
-        return Ok(Some(Answer::Invalid));
+        return Err(Turn::Answer(Answer::Invalid));
     }
-    let app = c.app.clone();
-    let Some(store) = app.store.get() else { return Ok(Some(Answer::NotReady)) };
+    let store = app.store.get().ok_or(Turn::Answer(Answer::NotReady))?;
     let most = store.config().chunk_size.min(store.config().max_value_size) as usize;
     let value_len = h.value_len();
     if value_len.is_some_and(|v| v <= most) && h.key_len <= KEY_MAX {
-        return Ok(None);
+        return Ok(store);
     }
     let well_formed = h.extras_len == 8 && value_len.is_some() && h.key_len > 0 && h.key_len <= KEY_MAX;
-    if h.is_set() && well_formed {
-        c.read_block(HEADER + h.extras_len + h.key_len).await?;
-        let key = c.input[HEADER + h.extras_len..HEADER + h.extras_len + h.key_len].to_vec();
-        item::drop_refused(c, &key).await;
-    }
-    Ok(Some(if value_len.is_none() || h.key_len > KEY_MAX { Answer::Invalid } else { Answer::TooLarge }))
+    Err(match (h.is_set() && well_formed, value_len.is_none() || h.key_len > KEY_MAX) {
+        (true, _) => Turn::TooLargeSet,
+        (false, true) => Turn::Answer(Answer::Invalid),
+        (false, false) => Turn::Answer(Answer::TooLarge),
+    })
+}
+
+/// Answers a binary request [`frame_binary`] turned away, at once, then reads its body past
+/// so the stream stays in step. A set refused as too large drops the key, as memcached's does
+/// (its key comes before the value).
+async fn turn_away_binary(c: &mut Conn, h: &Header, turn: Turn) -> Result<(), End> {
+    let answer = match turn {
+        Turn::Answer(a) => a,
+        Turn::TooLargeSet => {
+            c.read_block(HEADER + h.extras_len + h.key_len).await?;
+            let key = c.input[HEADER + h.extras_len..HEADER + h.extras_len + h.key_len].to_vec();
+            item::drop_refused(c, &key).await;
+            Answer::TooLarge
+        }
+    };
+    exec::answer(c, binary::command_name(h.opcode), &answer, Reply::Binary(*h));
+    c.flush_then_swallow((HEADER + h.body_len) as u64).await
 }

@@ -1,4 +1,5 @@
-//! How a request finds the stored response it may select. A URI's responses are stored under
+//! How a request finds the stored response it may select, and whether it may use it now
+//! ([`judge`]). A URI's responses are stored under
 //! its cache key; a URI whose responses vary (`Vary`) has instead a marker there naming the
 //! fields, and each variant under a key of its own: the URI, the marker's store time (a new
 //! marker orphans the old variants) and the request's selecting values. Selecting values are

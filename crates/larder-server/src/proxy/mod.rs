@@ -1,10 +1,12 @@
 //! Read-through mode (`--origin`): the HTTP listener is a shared HTTP cache in front of one
-//! origin, following RFC 9111 (docs/HTTP-CACHING.md says how, rule by rule). This file holds
-//! the mode's state and the entry point that decides, for each GET or HEAD, between a stored
-//! response and a fetch; the mechanisms live one per file:
+//! origin, following RFC 9111 (docs/HTTP-CACHING.md says how, rule by rule). This file is the
+//! mode's face: the entry point that decides, for each GET or HEAD, between a stored response
+//! and a fetch, and the metrics; the mechanisms live one per file:
 //!
-//! - [`lookup`]: cache keys, and how a request finds the stored response it selects (the vary
-//!   marker at the URI's key, a key per variant, selecting values as the origin saw them).
+//! - [`mode`]: the mode's state (the origin, the flights, hit-for-pass, the counters).
+//! - [`lookup`]: cache keys, how a request finds the stored response it selects (the vary
+//!   marker at the URI's key, a key per variant, selecting values as the origin saw them),
+//!   and whether it may use it now ([`lookup::judge`]).
 //! - [`serve`]: answering from a stored response (304s, ranges, stale on an origin error).
 //! - [`fetch`]: a request's side of an origin fetch: leading or joining the key's
 //!   [`flight::Flight`] (one origin request per cache key), and its answer from the flight.

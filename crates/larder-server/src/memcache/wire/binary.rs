@@ -8,7 +8,7 @@
 //! answer echoes the opcode and opaque. Quiet variants answer only failures (and a quiet get
 //! not even a miss); `noop` flushes the answers of a batch of them.
 
-use super::request::{Answer, Data, Request, StoreOp, KEY_MAX};
+use super::request::{Answer, Data, Keys, Request, StoreOp, KEY_MAX};
 use crate::guard::Refusal;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -133,10 +133,12 @@ pub fn decode<'a>(h: &Header, body: &'a Bytes) -> Option<Request<'a>> {
     // A get is counted as `get` (not `gets`), though its answer always carries the cas.
     Some(match h.opcode {
         // get, getq, getk, getkq
-        0x00 | 0x09 | 0x0c | 0x0d if e == 0 && k && !v => Request::Get { keys: vec![key], cas: false, touch: None },
+        0x00 | 0x09 | 0x0c | 0x0d if e == 0 && k && !v => {
+            Request::Get { keys: Keys::One(key), cas: false, touch: None }
+        }
         // gat, gatq, gatk, gatkq
         0x1d | 0x1e | 0x23 | 0x24 if e == 4 && k && !v => {
-            Request::Get { keys: vec![key], cas: false, touch: Some(x.get_u32() as i64) }
+            Request::Get { keys: Keys::One(key), cas: false, touch: Some(x.get_u32() as i64) }
         }
         // set, add, replace and their quiet forms
         0x01..=0x03 | 0x11..=0x13 if e == 8 && k => {
@@ -272,7 +274,7 @@ mod tests {
     #[test]
     fn requests_decode_into_the_text_protocols_commands() {
         let (h, body) = header(0x0c, b"k", &[], &[]);
-        assert_eq!(decode(&h, &body), Some(Request::Get { keys: vec![b"k"], cas: false, touch: None }));
+        assert_eq!(decode(&h, &body), Some(Request::Get { keys: Keys::One(b"k"), cas: false, touch: None }));
         assert!(h.with_key() && !h.quiet());
         let (h, body) = header(0x11, b"k", &[0, 0, 0, 5, 0, 0, 0, 9], b"v");
         let want = Request::Store {

@@ -31,13 +31,30 @@ pub enum Data {
     Here(Bytes),
 }
 
+/// A get's keys: a binary get's one (no allocation), or a text get's list.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Keys<'a> {
+    One(&'a [u8]),
+    Many(Vec<&'a [u8]>),
+}
+
+impl<'a> Keys<'a> {
+    #[inline]
+    pub fn as_slice(&self) -> &[&'a [u8]] {
+        match self {
+            Keys::One(k) => std::slice::from_ref(k),
+            Keys::Many(ks) => ks,
+        }
+    }
+}
+
 /// A request, whichever encoding brought it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Request<'a> {
     /// `get`/`gets` (`cas`), `gat`/`gats` (`touch`: the expiry to set); binary get, getk,
     /// gat and their quiet forms (one key).
     Get {
-        keys: Vec<&'a [u8]>,
+        keys: Keys<'a>,
         cas: bool,
         touch: Option<i64>,
     },
@@ -100,6 +117,7 @@ pub enum Request<'a> {
 
 impl Request<'_> {
     /// The name the request is counted under (`counters::COMMANDS`).
+    #[inline]
     pub fn name(&self) -> &'static [u8] {
         match self {
             Request::Get { cas: false, touch: None, .. } => b"get",

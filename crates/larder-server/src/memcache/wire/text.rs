@@ -4,7 +4,7 @@
 //! the answers it would get from memcached. Pure: a line in, a command or an error line out.
 
 use super::number::{safe_strtol, safe_strtoul, safe_strtoull};
-use super::request::{Answer, Data, Request, StoreOp, KEY_MAX};
+use super::request::{Answer, Data, Keys, Request, StoreOp, KEY_MAX};
 use crate::guard::Refusal;
 use bytes::BytesMut;
 
@@ -81,7 +81,7 @@ pub fn parse(line: &[u8]) -> Parsed<'_> {
             if n < 3 {
                 return err(ERROR);
             }
-            return parse_get(cmd, &words, more);
+            return parse_get(cmd, words, more);
         }
         b"set" => store(StoreOp::Set),
         b"add" => store(StoreOp::Add),
@@ -143,7 +143,7 @@ pub fn parse(line: &[u8]) -> Parsed<'_> {
     parsed
 }
 
-fn parse_get<'a>(cmd: &[u8], words: &[&'a [u8]], mut more: Option<&'a [u8]>) -> Parsed<'a> {
+fn parse_get<'a>(cmd: &[u8], words: Vec<&'a [u8]>, mut more: Option<&'a [u8]>) -> Parsed<'a> {
     let cas = cmd == b"gets" || cmd == b"gats";
     let mut first = 1;
     let touch = if cmd.starts_with(b"gat") {
@@ -157,7 +157,9 @@ fn parse_get<'a>(cmd: &[u8], words: &[&'a [u8]], mut more: Option<&'a [u8]>) -> 
     } else {
         None
     };
-    let mut keys: Vec<&[u8]> = words[first..].to_vec();
+    // The words' own list, the command (and expiry) taken off: no second allocation.
+    let mut keys = words;
+    keys.drain(..first);
     // The rest of a long line, split on as memcached reads it on.
     while let Some(rest) = more {
         let (w, m) = tokenize(rest);
@@ -167,7 +169,7 @@ fn parse_get<'a>(cmd: &[u8], words: &[&'a [u8]], mut more: Option<&'a [u8]>) -> 
     if keys.iter().any(|k| k.len() > KEY_MAX) {
         return Parsed::Error { line: BAD_FORMAT, noreply: false };
     }
-    Parsed::Command(Request::Get { keys, cas, touch }, false)
+    Parsed::Command(Request::Get { keys: Keys::Many(keys), cas, touch }, false)
 }
 
 fn parse_store<'a>(op: StoreOp, words: &[&'a [u8]], nr: bool) -> Parsed<'a> {
@@ -267,6 +269,11 @@ pub fn render(out: &mut BytesMut, a: &Answer) {
     out.extend_from_slice(line.as_bytes());
 }
 
+/// What follows a value's bytes in a get's answer.
+pub const VALUE_END: &[u8] = b"\r\n";
+/// What ends a get's answer, after its values.
+pub const GET_END: &[u8] = b"END\r\n";
+
 /// A get's `VALUE <key> <flags> <bytes> [<cas>]` line, which the value's bytes and `\r\n`
 /// follow.
 pub fn value_line(out: &mut BytesMut, key: &[u8], flags: u32, len: u64, cas: Option<u64>) {
@@ -305,8 +312,14 @@ mod tests {
 
     #[test]
     fn commands_and_their_errors() {
-        assert_eq!(cmd("get a b"), (Request::Get { keys: vec![b"a", b"b"], cas: false, touch: None }, false));
-        assert_eq!(cmd("gats 10 a"), (Request::Get { keys: vec![b"a"], cas: true, touch: Some(10) }, false));
+        assert_eq!(
+            cmd("get a b"),
+            (Request::Get { keys: Keys::Many(vec![b"a", b"b"]), cas: false, touch: None }, false)
+        );
+        assert_eq!(
+            cmd("gats 10 a"),
+            (Request::Get { keys: Keys::Many(vec![b"a"]), cas: true, touch: Some(10) }, false)
+        );
         assert_eq!(
             cmd("set k 5 -1 3 noreply"),
             (
@@ -337,7 +350,7 @@ mod tests {
         assert_eq!(error(&long), BAD_FORMAT);
         let many: String = (0..100).map(|i| format!(" k{i}")).collect();
         match cmd(&format!("get{many}")) {
-            (Request::Get { keys, .. }, _) => assert_eq!(keys.len(), 100),
+            (Request::Get { keys, .. }, _) => assert_eq!(keys.as_slice().len(), 100),
             other => panic!("{other:?}"),
         }
     }
