@@ -11,6 +11,7 @@
 #   WORKLOAD=put bench/builds-ab.sh ../larder-a/target/release/larder -- --volume-size 64MiB
 #
 # DURATION=8s ROUNDS=5 KEYS=20000 SIZE=4096 WORKLOAD=get (or put: overwrites of the same keys).
+# PROTOCOL=memcache loads the memcached port (text get and set) instead of HTTP.
 # Servers pinned to core 1, the loader to core 0.
 set -euo pipefail
 A=$(realpath "${1:?usage: builds-ab.sh BINARY_A [BINARY_B] [-- larder serve args]}")
@@ -24,13 +25,23 @@ ROUNDS=${ROUNDS:-5}
 KEYS=${KEYS:-20000}
 SIZE=${SIZE:-4096}
 WORKLOAD=${WORKLOAD:-get}
+PROTOCOL=${PROTOCOL:-http}
 check=--check-length
 [ "$WORKLOAD" = get ] || check=
 cargo build --release -p larder-server -p larder-bench -q
 . bench/lib.sh
-start_larder a "$A" 18251 "$@"
-start_larder b "$B" 18252 "$@"
-for port in 18251 18252; do preload "$port" "$KEYS" "$SIZE" 2; done
+start_larder a "$A" 18251 --memcache-listen 127.0.0.1:18351 "$@"
+start_larder b "$B" 18252 --memcache-listen 127.0.0.1:18352 "$@"
+for port in 18251 18252; do
+  if [ "$PROTOCOL" = memcache ]; then
+    for w in put get get; do
+      taskset -c 0 target/release/larder-bench memcache "127.0.0.1:$((port + 100))" --workload $w \
+        --distribution sequential --keys "$KEYS" --requests "$KEYS" --value-size "$SIZE" --quiet
+    done
+  else
+    preload "$port" "$KEYS" "$SIZE" 2
+  fi
+done
 hz=$(getconf CLK_TCK)
 results="$work/results.txt"
 for round in $(seq "$ROUNDS"); do
@@ -38,8 +49,14 @@ for round in $(seq "$ROUNDS"); do
     port=18251
     [ "$name" = b ] && port=18252
     t0=$(cpu_ticks $name)
-    taskset -c 0 target/release/larder-bench http "http://127.0.0.1:$port/g" --keys "$KEYS" --value-size "$SIZE" \
-      --workload "$WORKLOAD" $check --connections 64 --duration "$DURATION" --json "$work/run.json" --quiet
+    if [ "$PROTOCOL" = memcache ]; then
+      taskset -c 0 target/release/larder-bench memcache "127.0.0.1:$((port + 100))" --keys "$KEYS" \
+        --value-size "$SIZE" --workload "$WORKLOAD" $check --connections 64 --duration "$DURATION" \
+        --json "$work/run.json" --quiet
+    else
+      taskset -c 0 target/release/larder-bench http "http://127.0.0.1:$port/g" --keys "$KEYS" --value-size "$SIZE" \
+        --workload "$WORKLOAD" $check --connections 64 --duration "$DURATION" --json "$work/run.json" --quiet
+    fi
     t1=$(cpu_ticks $name)
     python3 - "$work/run.json" "$name" "$t0" "$t1" "$hz" <<'EOF2' | tee -a "$results" >&2
 import json, sys
@@ -49,11 +66,13 @@ print(sys.argv[2], round(j["req_per_s"]), round(cpu, 2))
 EOF2
   done
 done
-python3 - "$results" "$*" "$WORKLOAD" "$SIZE" <<'EOF2'
+label=""
+[ "$PROTOCOL" = memcache ] && label=" (memcached protocol)"
+python3 - "$results" "$*" "$WORKLOAD" "$SIZE" "$label" <<'EOF2'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 med = lambda name, i: statistics.median(float(r[i]) for r in rows if r[0] == name)
-print(f"| {sys.argv[3].upper()} {int(sys.argv[4]) // 1024} KiB, `{sys.argv[2] or 'defaults'}` | req/s (median) | server CPU µs/request (median) |")
+print(f"| {sys.argv[3].upper()} {int(sys.argv[4]) // 1024} KiB{sys.argv[5]}, `{sys.argv[2] or 'defaults'}` | req/s (median) | server CPU µs/request (median) |")
 print("|---|---|---|")
 for name in ("a", "b"):
     print(f"| {name.upper()} | {med(name, 1):,.0f} | {med(name, 2):.2f} |")
