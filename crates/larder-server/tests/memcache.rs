@@ -200,6 +200,11 @@ fn malformed_input_answers_memcached_errors_and_loses_nothing() {
     assert_eq!(c.ask(b"get keep\r\n", "END\r\n"), "SERVER_ERROR object too large for cache\r\nEND\r\n");
     assert_eq!(s.client().get("/keep").status, 404);
     assert_eq!(c.ask(b"set keep 5 0 4\r\nsafe\r\n", "\r\n"), "STORED\r\n");
+    // An opcode larder does not answer (0x1b lies between two it does) is "Unknown command",
+    // and the connection goes on.
+    let mut u = Mc::connect(&s);
+    assert_eq!(u.binary(0x1b, b"", &[], &[]), (0x81, b"Unknown command".to_vec()));
+    assert_eq!(u.binary(0x0a, b"", &[], &[]), (0, vec![]), "a noop after it");
     // A binary request whose lengths do not add up is answered "Invalid arguments", and a
     // byte that is no request magic closes the connection.
     let mut b = Mc::connect(&s);

@@ -334,7 +334,8 @@ pub async fn delete(c: &Conn, key: &[u8], cas: Option<u64>) -> larder_engine::Re
 pub async fn touch(c: &Conn, store: &Store, key: &[u8], exptime: i64) -> larder_engine::Result<Answer> {
     let (k, e) = (key.to_vec(), expiry(exptime));
     let Some(v) = blocking(&c.app, move |s| s.touch(&k, e)).await? else { return Ok(Answer::NotFound) };
-    let flags = read_body_of(&c.app, store, key, Part::Nothing).await?.map_or(0, |r| r.value().flags);
+    // The touch is done: a failure to read the flags back answers 0 for them, not an error.
+    let flags = read_body_of(&c.app, store, key, Part::Nothing).await.ok().flatten().map_or(0, |r| r.value().flags);
     Ok(Answer::Touched { cas: v.stored_ms, flags })
 }
 
