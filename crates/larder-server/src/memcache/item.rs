@@ -72,6 +72,8 @@ pub struct Put {
     pub key: Vec<u8>,
     pub flags: u32,
     pub expiry: Expiry,
+    /// The version the write is conditioned on, if any (also in `preconditions`).
+    pub cas: Option<u64>,
     pub preconditions: Vec<Precondition>,
 }
 
@@ -85,7 +87,7 @@ impl Put {
             _ => vec![],
         };
         preconditions.extend(cas.map(Precondition::StoredAt));
-        Put { key: key.to_vec(), flags, expiry: expiry(exptime), preconditions }
+        Put { key: key.to_vec(), flags, expiry: expiry(exptime), cas, preconditions }
     }
 
     pub fn options(&self) -> PutOptions<'_> {
@@ -117,11 +119,7 @@ pub enum Wrote {
 /// the write need not wait, else on the blocking pool; append and prepend as [`concat`].
 pub async fn write(c: &Conn, op: StoreOp, put: Put, data: Bytes) -> larder_engine::Result<Wrote> {
     if let StoreOp::Append | StoreOp::Prepend = op {
-        let cas = put.preconditions.iter().find_map(|p| match p {
-            Precondition::StoredAt(c) => Some(*c),
-            _ => None,
-        });
-        return blocking(&c.app, move |s| concat(s, &put.key, &data, op == StoreOp::Append, cas, true)).await;
+        return blocking(&c.app, move |s| concat(s, &put.key, &data, op == StoreOp::Append, put.cas, true)).await;
     }
     let r =
         quick(&c.app, move |s, wait| s.put(&put.key, &data, &PutOptions { nonblocking: !wait, ..put.options() })).await;
