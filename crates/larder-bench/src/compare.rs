@@ -204,6 +204,32 @@ pub(crate) fn wait_ready(port: u16) -> Result<()> {
     bail!("nothing listens on port {port} after 30 s")
 }
 
+/// Waits until larder's HTTP door on `port` answers `/_larder/health` with 200: it accepts
+/// connections before its store is open and answers 503 "recovering" meanwhile, which a load
+/// started too early would count as failures (on a busy machine recovery takes seconds).
+pub(crate) fn wait_healthy(port: u16) -> Result<()> {
+    use std::io::{Read, Write};
+    wait_ready(port)?;
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < Duration::from_secs(60) {
+        let answer = std::net::TcpStream::connect(("127.0.0.1", port)).and_then(|mut s| {
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(b"GET /_larder/health HTTP/1.1\r\nhost: larder\r\nconnection: close\r\n\r\n")?;
+            let mut text = String::new();
+            s.read_to_string(&mut text)?;
+            Ok(text)
+        });
+        match answer {
+            Ok(text) if text.starts_with("HTTP/1.1 200") => return Ok(()),
+            Ok(text) => last = text.lines().next().unwrap_or_default().to_owned(),
+            Err(e) => last = e.to_string(),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("larder on port {port} was not healthy after 60 s (last answer: {last})")
+}
+
 /// Pins the calling thread, and so every thread it starts afterwards, to `core`.
 fn pin_current_thread(core: usize) {
     // SAFETY: the cpu_set_t is zeroed and then filled with the libc helpers.
@@ -262,7 +288,7 @@ fn start_servers(a: &CompareArgs, dir: &Path) -> Result<(Server, Server)> {
         .spawn()
         .with_context(|| format!("starting {:?} (scripts/install-bench-deps.sh installs it)", a.nginx))?;
     let nginx = Server { name: "nginx", port: nginx_port, child: nginx };
-    wait_ready(larder_port)?;
+    wait_healthy(larder_port)?;
     wait_ready(nginx_port)?;
     Ok((larder, nginx))
 }

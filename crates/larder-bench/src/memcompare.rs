@@ -9,7 +9,7 @@
 //!   sets: how many keys each still answers, and gets over the keys memcached kept (the
 //!   newest), uniform, with server CPU per get.
 
-use crate::compare::{median, wait_ready, CompareArgs, Server};
+use crate::compare::{median, wait_healthy, wait_ready, CompareArgs, Server};
 use crate::memcache::{self, MemcacheArgs};
 use crate::report::Summary;
 use crate::workload::{Dist, Kind, Size, Workload};
@@ -21,6 +21,8 @@ use std::time::Duration;
 
 const LARDER_PORT: u16 = 18_212;
 const MEMCACHED_PORT: u16 = 18_211;
+/// larder's HTTP door in the memcached comparison: only its health is asked there.
+const LARDER_HTTP_PORT: u16 = 18_213;
 const RAM_KEYS: u64 = 100_000;
 const DISK_KEYS: u64 = 1_000_000;
 
@@ -46,7 +48,7 @@ fn start(a: &CompareArgs, dir: &Path, in_ram: bool) -> Result<(Server, Server)> 
     larder
         .args(["-c", &core])
         .arg(&a.larder)
-        .args(["serve", "--listen", "127.0.0.1:18213", "--data-dir"])
+        .args(["serve", "--listen", &format!("127.0.0.1:{LARDER_HTTP_PORT}"), "--data-dir"])
         .arg(&data)
         .args(["--memcache-listen", &format!("127.0.0.1:{LARDER_PORT}"), "--log-level", "error"]);
     if in_ram {
@@ -83,6 +85,7 @@ fn start(a: &CompareArgs, dir: &Path, in_ram: bool) -> Result<(Server, Server)> 
     }
     let mc = mc.stdout(Stdio::null()).spawn().context("starting memcached")?;
     let mc = Server { name: "memcached", port: MEMCACHED_PORT, child: mc };
+    wait_healthy(LARDER_HTTP_PORT)?;
     wait_ready(LARDER_PORT)?;
     wait_ready(MEMCACHED_PORT)?;
     Ok((larder, mc))

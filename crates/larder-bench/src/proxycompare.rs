@@ -11,7 +11,7 @@
 //!    the time until it answers its first stored response, then a pass over every 4 KiB key:
 //!    how many it still answers from its cache (without the origin) and how fast.
 
-use crate::compare::{median, wait_ready, CompareArgs, Server};
+use crate::compare::{median, wait_healthy, wait_ready, CompareArgs, Server};
 use crate::http::{self, HttpArgs};
 use crate::report::Summary;
 use crate::workload::{Dist, Kind, Size, Workload};
@@ -183,9 +183,10 @@ pub fn run_in(a: &CompareArgs, dir: &Path, machine: &str) -> Result<(String, ser
     let ngx_dir = dir.join("nginx-cache");
     let ngx_conf = conf(a, "nginx-proxy-cache.conf.in", &ngx_dir, NGINX_PORT)?;
     let mut caches = vec![larder(a, &larder_dir)?, nginx(a, "nginx", &ngx_conf, NGINX_PORT, a.server_core)?];
-    for p in [ORIGIN_PORT, LARDER_PORT, NGINX_PORT] {
+    for p in [ORIGIN_PORT, NGINX_PORT] {
         wait_ready(p)?;
     }
+    wait_healthy(LARDER_PORT)?;
     let mut runs = Vec::new();
     let mut measure = |srv: &Server, part: &str, round: usize, f: &dyn Fn(u16) -> Result<Summary>| -> Result<()> {
         // SAFETY: sync takes no arguments and cannot fail.
