@@ -1,12 +1,16 @@
 """What the benchmark scripts share: a free loopback port, a connection that waits for its
-server to start, reading until an answer is whole, and binary-protocol requests."""
+server to start, reading until an answer is whole, binary-protocol requests, and a process's
+CPU time."""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
-from typing import Callable
+from typing import Callable, Tuple
+
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -46,3 +50,25 @@ def binary(opcode: int, key: bytes, extras: bytes = b"", value: bytes = b"") -> 
     """A binary protocol request: magic, opcode, key length, extras length, body length."""
     body = len(extras) + len(key) + len(value)
     return struct.pack(">BBHBBHIIQ", 0x80, opcode, len(key), len(extras), 0, 0, body, 0, 0) + extras + key + value
+
+
+def cpu(pid: int, children: bool = False) -> Tuple[float, float]:
+    """User and system seconds of all of ``pid``'s threads (and, with ``children``, of its
+    child processes': nginx's master does none of the work, its workers do)."""
+    user = system = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        user, system = user + int(fields[11]), system + int(fields[12])
+        if children:
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                for child in f.read().split():
+                    u, s = cpu(int(child), True)
+                    user, system = user + u * TICK, system + s * TICK
+    return user / TICK, system / TICK
+
+
+def http_done(buf: bytes) -> bool:
+    """Whether ``buf`` holds a whole HTTP response with a Content-Length."""
+    head, sep, body = buf.partition(b"\r\n\r\n")
+    return bool(sep) and len(body) >= int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])

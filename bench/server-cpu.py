@@ -22,25 +22,7 @@ import tempfile
 import time
 from typing import Callable, Dict, List, Tuple
 
-from benchlib import binary, binary_done, connect, free_port, until
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu(pid: int) -> Tuple[float, float]:
-    """User and system seconds of all of ``pid``'s threads."""
-    user = system = 0
-    for t in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{t}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        user, system = user + int(fields[11]), system + int(fields[12])
-    return user / TICK, system / TICK
-
-
-def http_done(buf: bytes) -> bool:
-    head, sep, body = buf.partition(b"\r\n\r\n")
-    return bool(sep) and len(body) >= int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-
+from benchlib import binary, binary_done, connect, cpu, free_port, http_done, until
 
 def main() -> None:
     ap = argparse.ArgumentParser()
