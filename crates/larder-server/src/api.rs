@@ -15,7 +15,7 @@ use hyper::header::{
     HeaderMap, HeaderValue, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG,
     IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED, TRANSFER_ENCODING,
 };
-use hyper::{Request, Response, StatusCode};
+use hyper::{Response, StatusCode};
 use larder_engine::{
     now_ms, DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, Store, Tier, Value, MAX_CONTENT_TYPE,
 };
@@ -199,10 +199,18 @@ impl PutHeaders {
     }
 }
 
+/// A request's body as its connection hands it over: hyper's, to be read as it arrives; or
+/// whole, read with the head by the server's own connection (at most `h1::MAX_BODY`, and never
+/// longer than a chunk).
+pub enum ReqBody {
+    Hyper(Incoming),
+    Whole(Bytes),
+}
+
 /// PUT: its headers and preconditions checked, then room in the body budget, then the body,
 /// then the write.
-pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Option<Held>) -> Resp {
-    let extra = match PutHeaders::parse(req.headers(), &app.settings) {
+pub async fn put(app: &Arc<App>, headers: &HeaderMap, body: ReqBody, key: Vec<u8>, held: Option<Held>) -> Resp {
+    let extra = match PutHeaders::parse(headers, &app.settings) {
         Ok(p) => p,
         Err(m) => return text_owned(StatusCode::BAD_REQUEST, m),
     };
@@ -221,7 +229,7 @@ pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Opt
     }
     // The store's own limit: it lowers a setting above a quarter of its ring.
     let limit = app.store.get().expect("store is ready before writes are routed").config().max_value_size;
-    let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
         return too_large(limit); // refused before a byte of the body is read
     }
@@ -240,13 +248,23 @@ pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Opt
     // Room in the budget is taken as the body arrives, never for a length merely declared:
     // a client that trickles holds what it sent.
     let mut room = app.body_budget.body();
+    let incoming = match body {
+        ReqBody::Hyper(b) => b,
+        // Taken whole only when it is no longer than a chunk (`conn::native`): never streamed.
+        ReqBody::Whole(b) => {
+            let len = b.len() as u64;
+            charge(&mut room, len, len, held.as_ref()).await;
+            let parts = if b.is_empty() { vec![] } else { vec![b] };
+            return write(app, key, parts, len, extra, room).await;
+        }
+    };
     if streamed {
-        let result = put_streamed(app, req.into_body(), key, extra, limit, &mut room, held.as_ref()).await;
+        let result = put_streamed(app, incoming, key, extra, limit, &mut room, held.as_ref()).await;
         drop((room, turn));
         return result.unwrap_or_else(|r| *r);
     }
     let expected = declared.unwrap_or(limit);
-    let (body, len) = match read_body(app, req.into_body(), limit, expected, &mut room, held.as_ref()).await {
+    let (body, len) = match read_body(app, incoming, limit, expected, &mut room, held.as_ref()).await {
         Ok(b) => {
             let len = b.iter().map(|p| p.len() as u64).sum::<u64>();
             (b, len)
@@ -255,6 +273,11 @@ pub async fn put(app: &Arc<App>, req: Request<Incoming>, key: Vec<u8>, held: Opt
         Err(BodyError::TooSlow) => return too_slow(),
         Err(BodyError::Broken(e)) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
     };
+    write(app, key, body, len, extra, room).await
+}
+
+/// Stores a body read whole (its room in the budget held until it is written).
+async fn write(app: &Arc<App>, key: Vec<u8>, body: Vec<Bytes>, len: u64, extra: PutHeaders, room: Charge) -> Resp {
     app.metrics.bytes_in.fetch_add(len, Ordering::Relaxed);
     let result = quick(app, move |store, wait| {
         store.put_parts(&key, &parts(&body), &PutOptions { nonblocking: !wait, ..extra.options() })

@@ -12,6 +12,7 @@ mod config;
 mod conn;
 mod dav;
 mod guard;
+mod h1;
 mod headers;
 mod key;
 mod lifecycle;

@@ -48,6 +48,8 @@ pub struct Metrics {
     pub bytes_in: AtomicU64,
     /// Bytes of response bodies sent (HEAD sends none).
     pub bytes_out: AtomicU64,
+    /// HTTP connections larder's own loop handed to hyper (`conn::native`).
+    pub handovers: AtomicU64,
 }
 
 impl Metrics {
@@ -67,7 +69,14 @@ impl Metrics {
         describe();
         let latency = METHODS.map(|m| metrics::histogram!("larder_http_request_duration_seconds", "method" => m));
         let requests = (0..METHODS.len() * STATUSES).map(|_| OnceLock::new()).collect();
-        Ok(Metrics { handle, latency, requests, bytes_in: AtomicU64::new(0), bytes_out: AtomicU64::new(0) })
+        Ok(Metrics {
+            handle,
+            latency,
+            requests,
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
+            handovers: AtomicU64::new(0),
+        })
     }
 
     /// Counts one answered request.
@@ -97,6 +106,7 @@ impl Metrics {
         gauge!("larder_ready").set(if stats.is_some() { 1.0 } else { 0.0 });
         counter!("larder_http_received_bytes_total").absolute(self.bytes_in.load(Ordering::Relaxed));
         counter!("larder_http_sent_bytes_total").absolute(self.bytes_out.load(Ordering::Relaxed));
+        counter!("larder_http_handovers_total").absolute(self.handovers.load(Ordering::Relaxed));
         if let Some(s) = stats {
             engine(s);
         }
@@ -159,6 +169,10 @@ fn describe() {
     c!("larder_http_requests_total", "Requests answered, by method and status.");
     c!("larder_http_received_bytes_total", Unit::Bytes, "Bytes of values received in PUT bodies.");
     c!("larder_http_sent_bytes_total", Unit::Bytes, "Bytes of response bodies sent.");
+    c!(
+        "larder_http_handovers_total",
+        "HTTP connections larder's own loop handed to hyper, at a request it does not take."
+    );
     c!("larder_memcache_commands_total", "memcached commands by outcome (a get counts once per key), both protocols.");
     c!("larder_refusals_total", "Requests and commands the access policy refused, by door and reason.");
     c!(

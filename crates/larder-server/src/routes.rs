@@ -4,13 +4,15 @@
 //! times each request for the metrics, the access log and the slow-request warning.
 
 use crate::admin;
-use crate::api;
+use crate::api::{self, ReqBody};
 use crate::app::{App, Held};
 use crate::dav;
 use crate::guard::{Door, Identity, Permission, Refusal, Session};
+use crate::h1;
 use crate::headers;
 use crate::key::{decode_key, KeyError, RESERVED_PREFIX};
 use crate::reply::{method_not_allowed, text, Resp};
+use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, PROXY_AUTHORIZATION, WWW_AUTHENTICATE};
 use hyper::{Method, Request, StatusCode};
@@ -29,16 +31,41 @@ pub async fn handle(
     // A Uri clone shares its bytes (no allocation); it is kept only for the logs below.
     let uri = req.uri().clone();
     let resp = route(&app, req, held).await;
+    finish(&app, &method, uri.path(), started, &resp);
+    Ok(resp)
+}
+
+/// A plain request of the key API, read by the server's own HTTP/1.1 connection
+/// (`conn::native`), with its whole body: answered as [`handle`] answers it. `None` when it
+/// is not the key API's after all (its path decodes into larder's admin namespace): the
+/// connection then hands it to hyper.
+pub async fn handle_plain(app: &Arc<App>, head: &h1::Head, body: Bytes, held: Option<Held>) -> Option<Resp> {
+    let started = Instant::now();
+    let resp = if head.target_len as u64 > app.settings.max_uri_size {
+        text(StatusCode::URI_TOO_LONG, "URI too long\n")
+    } else {
+        match decode_key(&head.path) {
+            Ok(key) if key.starts_with(RESERVED_PREFIX) => return None,
+            Ok(key) => key_api(app, &head.method, key, &head.headers, ReqBody::Whole(body), held).await,
+            Err(e) => text(StatusCode::BAD_REQUEST, e.message()),
+        }
+    };
+    finish(app, &head.method, &head.path, started, &resp);
+    Some(resp)
+}
+
+/// Counts an answered request in the metrics, and logs it if asked to or slow.
+fn finish(app: &App, method: &Method, path: &str, started: Instant, resp: &Resp) {
     let elapsed = started.elapsed();
-    if !uri.path().starts_with("/_larder/") {
+    if !path.starts_with("/_larder/") {
         let body =
-            if method == Method::HEAD { 0 } else { hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0) };
-        app.metrics.request(&method, resp.status().as_u16(), elapsed, body);
+            if *method == Method::HEAD { 0 } else { hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0) };
+        app.metrics.request(method, resp.status().as_u16(), elapsed, body);
     }
     let s = &app.settings;
     let slow = !s.slow_request.is_zero() && elapsed >= s.slow_request;
     if s.access_log || slow {
-        let (path, status) = (uri.path(), resp.status().as_u16());
+        let status = resp.status().as_u16();
         if s.access_log {
             let bytes = hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0);
             tracing::info!(target: "larder::access", %method, path, status, bytes, micros = elapsed.as_micros() as u64);
@@ -47,7 +74,6 @@ pub async fn handle(
             tracing::warn!(%method, path, status, millis = elapsed.as_millis() as u64, "slow request");
         }
     }
-    Ok(resp)
 }
 
 async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Resp {
@@ -79,7 +105,8 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
         }
         return Box::pin(crate::proxy::handle(app, req)).await;
     }
-    let key = match decode_key(req.uri().path()) {
+    let uri = req.uri().clone();
+    let key = match decode_key(uri.path()) {
         Ok(k) => k,
         // The root is no key, but WebDAV's clients ask about it as a collection.
         Err(KeyError::Empty) if dav::is_dav(req.method()) => std::borrow::Cow::Borrowed(&b""[..]),
@@ -111,14 +138,12 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
         }
         return Box::pin(admin::endpoint(app, req.method(), what)).await;
     }
-    let what = match *req.method() {
-        Method::GET | Method::HEAD => Permission::Read,
-        Method::PUT | Method::PATCH => Permission::Write,
-        Method::DELETE => Permission::Delete,
-        _ => match dav::permission(&req, &key) {
-            Some(p) => p,
-            None => return method_not_allowed(dav::ALLOWED),
-        },
+    if matches!(*req.method(), Method::GET | Method::HEAD | Method::PUT | Method::PATCH | Method::DELETE) {
+        let (parts, body) = req.into_parts();
+        return key_api(app, &parts.method, key, &parts.headers, ReqBody::Hyper(body), held).await;
+    }
+    let Some(what) = dav::permission(&req, &key) else {
+        return method_not_allowed(dav::ALLOWED);
     };
     if let Err(r) = admit(app, Door::Http, req.headers(), what) {
         return refused(r);
@@ -126,25 +151,43 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
     let Some(store) = app.store.get() else {
         return text(StatusCode::SERVICE_UNAVAILABLE, "recovering; try again shortly\n");
     };
-    match *req.method() {
-        Method::GET => api::get(app, store, key, req.headers(), false, held.as_ref()).await,
-        Method::HEAD => api::get(app, store, key, req.headers(), true, None).await,
-        Method::PUT => {
-            let key = key.into_owned();
-            // Boxed, as are DELETE and the admin handlers: this future is moved whole for every
-            // request, and PUT's (the body budget's wait, the body, the blocking write) would
-            // make every GET's larger too (measured: ~240 instructions a GET, all memcpy, with
-            // bench/instructions-ab.sh).
-            Box::pin(api::put(app, req, key, held)).await
-        }
-        Method::PATCH => Box::pin(api::touch(app, req.headers(), key.into_owned())).await,
-        Method::DELETE => {
-            let preconditions = headers::write_preconditions(req.headers());
-            Box::pin(api::delete(app, key.into_owned(), preconditions)).await
-        }
+    let key = key.into_owned();
+    Box::pin(dav::handle(app, store, &key, req, held)).await
+}
+
+/// The key API's methods (GET, HEAD, PUT, PATCH, DELETE) on `key`, whichever connection read
+/// the request: its permission put to the policy, 503 while recovering, then the handler.
+async fn key_api(
+    app: &Arc<App>,
+    method: &Method,
+    key: std::borrow::Cow<'_, [u8]>,
+    headers: &HeaderMap,
+    body: ReqBody,
+    held: Option<Held>,
+) -> Resp {
+    let what = match *method {
+        Method::GET | Method::HEAD => Permission::Read,
+        Method::DELETE => Permission::Delete,
+        _ => Permission::Write,
+    };
+    if let Err(r) = admit(app, Door::Http, headers, what) {
+        return refused(r);
+    }
+    let Some(store) = app.store.get() else {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "recovering; try again shortly\n");
+    };
+    match *method {
+        Method::GET => api::get(app, store, key, headers, false, held.as_ref()).await,
+        Method::HEAD => api::get(app, store, key, headers, true, None).await,
+        // Boxed, as are PATCH and DELETE: this future is moved whole for every request, and
+        // PUT's (the body budget's wait, the body, the blocking write) would make every GET's
+        // larger too (measured: ~240 instructions a GET, all memcpy, with
+        // bench/instructions-ab.sh).
+        Method::PUT => Box::pin(api::put(app, headers, body, key.into_owned(), held)).await,
+        Method::PATCH => Box::pin(api::touch(app, headers, key.into_owned())).await,
         _ => {
-            let key = key.into_owned();
-            Box::pin(dav::handle(app, store, &key, req, held)).await
+            let preconditions = headers::write_preconditions(headers);
+            Box::pin(api::delete(app, key.into_owned(), preconditions)).await
         }
     }
 }

@@ -11,7 +11,7 @@ use std::path::Path;
 /// Bottom to top. A module may use the modules of the layers before its own, never one of its
 /// own layer (other than itself) or above.
 const LAYERS: &[&[&str]] = &[
-    &["headers", "key", "cluster"],
+    &["headers", "key", "cluster", "h1"],
     &["config"],
     &["guard", "metrics", "reply"],
     &["app"],
@@ -70,6 +70,9 @@ const INNER: &[(&str, &[&[&str]])] = &[
         ],
     ),
     ("dav", &[&["xml"], &["mod"]]),
+    // What a connection's timeouts read; hyper's connection; the server's own loop, which
+    // hands a connection to hyper; the registry.
+    ("conn", &[&["activity"], &["via_hyper"], &["native"], &["mod"]]),
     ("guard", &[&["budget", "ring"], &["mod"]]),
     ("config", &[&["mod"]]),
     ("cli", &[&["client"], &["bench", "check", "fleet", "keys", "stats"], &["mod"]]),

@@ -9,6 +9,24 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Who serves HTTP/1.1 connections (`--http-server`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpServer {
+    Native,
+    Hyper,
+}
+
+impl std::str::FromStr for HttpServer {
+    type Err = String;
+    fn from_str(s: &str) -> Result<HttpServer, String> {
+        match s {
+            "native" => Ok(HttpServer::Native),
+            "hyper" => Ok(HttpServer::Hyper),
+            _ => Err(format!("invalid --http-server {s:?}: use native or hyper")),
+        }
+    }
+}
+
 /// Parses a size: a bare integer is bytes; KB/MB/GB/TB are powers of 1000 and
 /// KiB/MiB/GiB/TiB powers of 1024; case-insensitive; `B` alone is bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -187,6 +205,11 @@ pub struct ServeArgs {
     /// Keep-alive connections with no traffic for this long are closed [default: 60s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub idle_timeout: Option<Duration>,
+    /// Who serves HTTP/1.1 connections: native (larder's own loop answers the key API's
+    /// plain requests and hands a connection to hyper at the first other one) or hyper (every
+    /// request; for comparisons) [default: native].
+    #[arg(long, value_name = "native|hyper")]
+    pub http_server: Option<HttpServer>,
     /// Open connections at most, on each listener; past it idle ones are closed to make room,
     /// never-used ones first [default: 10000 over HTTP, 1024 over memcached's protocol, as
     /// memcached's own -c].
@@ -362,6 +385,7 @@ struct FileConfig {
     max_uri_size: Option<SizeValue>,
     header_timeout: Option<DurationValue>,
     idle_timeout: Option<DurationValue>,
+    http_server: Option<String>,
     max_connections: Option<u32>,
     auth_token: Option<PathBuf>,
     auth_reads: Option<bool>,
@@ -456,6 +480,8 @@ pub struct Settings {
     pub header_timeout: Duration,
     /// Idle connection timeout.
     pub idle_timeout: Duration,
+    /// Who serves HTTP/1.1 connections.
+    pub http_server: HttpServer,
     /// Open HTTP connections at most.
     pub max_connections: usize,
     /// Open memcached-protocol connections at most.
@@ -601,6 +627,11 @@ impl ServeArgs {
             max_uri_size: size(self.max_uri_size, &file.max_uri_size, 8 << 10)?,
             header_timeout: dur(self.header_timeout, &file.header_timeout, Duration::from_secs(10))?,
             idle_timeout: dur(self.idle_timeout, &file.idle_timeout, Duration::from_secs(60))?,
+            http_server: match (self.http_server, &file.http_server) {
+                (Some(h), _) => h,
+                (None, Some(s)) => s.parse()?,
+                (None, None) => HttpServer::Native,
+            },
             max_connections: self.max_connections.or(file.max_connections).unwrap_or(10_000).max(1) as usize,
             memcache_max_connections: self.max_connections.or(file.max_connections).unwrap_or(1024).max(1) as usize,
             auth_token: load_token(

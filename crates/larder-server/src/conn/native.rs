@@ -1,0 +1,339 @@
+//! The server's own HTTP/1.1 loop, for the key API's plain requests (GET, HEAD, DELETE, and
+//! PUT with a body of at most `h1::MAX_BODY` that came with its head): one read takes in as
+//! many pipelined requests as arrived, each is answered as soon as it is parsed (a memory or
+//! page-cache hit without leaving this task), and all their answers go out in one write.
+//!
+//! It answers what hyper would, byte for byte (`tests/http_diff.rs`), by taking only what
+//! `h1::parse` is sure of: at the first request it is not (WebDAV, admin, chunked or large
+//! bodies, `Expect`, HTTP/1.0, a malformed head…) the connection is handed to hyper with
+//! every byte not yet answered, and hyper serves it from there on. The timeouts, the room for
+//! newcomers and the graceful stop are the same as under hyper ([`super::activity`]).
+
+use super::activity::{coarse_ms, Activity, Link, Watchdog, QUIET_BEFORE_CLOSE_MS};
+use super::via_hyper;
+use crate::app::{App, Held};
+use crate::guard::{Door, Unit};
+use crate::h1::{self, Framing, Parsed};
+use crate::routes::handle_plain;
+use bytes::{Buf, Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::header::{HeaderValue, CONNECTION};
+use hyper::Method;
+use std::future::Future;
+use std::io::IoSlice;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{Interval, MissedTickBehavior};
+
+/// Room kept free in the read buffer before each read.
+const READ_SIZE: usize = 16 * 1024;
+/// Answers gathered before they are written; a body that would pass it is written on its own.
+const OUT_SIZE: usize = 64 * 1024;
+
+/// What ends a connection's wait early: the watchdog, on its tick. (A newcomer's claim on the
+/// connection's room is heard only between requests: only an idle connection is claimed.)
+struct Guard {
+    app: Arc<App>,
+    activity: Arc<Activity>,
+    watchdog: Watchdog,
+    tick: Interval,
+}
+
+impl Guard {
+    /// Whether the watchdog says to close now (a request head that missed its deadline is the
+    /// policy's to count, as under hyper).
+    fn expired(&mut self) -> bool {
+        match self.watchdog.expired(&self.activity) {
+            Some(head) => {
+                if head {
+                    self.app.policy.late(Door::Http, Unit::Head);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `fut`'s output, unless the connection must close first. Most answers are ready at
+    /// once, and pay for no timer.
+    async fn run<F: Future>(&mut self, fut: F) -> Option<F::Output> {
+        let mut fut = std::pin::pin!(fut);
+        if let Poll::Ready(v) = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await {
+            return Some(v);
+        }
+        loop {
+            tokio::select! {
+                biased;
+                v = &mut fut => return Some(v),
+                _ = self.tick.tick() => if self.expired() { return None },
+            }
+        }
+    }
+}
+
+/// Serves a connection until it closes, or hands it to hyper.
+pub(super) async fn serve(link: Link, mut stream: TcpStream) {
+    let app = link.app.clone();
+    let activity = link.activity.clone();
+    let mut shutdown = link.shutdown.clone();
+    let s = &app.settings;
+    let max_head = (s.max_header_size as usize).max(64);
+    let watchdog = Watchdog::new(s.idle_timeout, s.header_timeout);
+    let mut tick = tokio::time::interval(watchdog.period());
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut guard = Guard { app: app.clone(), activity: activity.clone(), watchdog, tick };
+    let mut drain_tick = tokio::time::interval(Duration::from_millis(50));
+    let mut draining = *shutdown.borrow();
+    // Made once and polled at each wait, rather than made anew for every request.
+    let notify = link.close.clone();
+    let mut claimed = std::pin::pin!(notify.notified());
+    let mut stopping = std::pin::pin!(shutdown.changed());
+    let mut buf = BytesMut::with_capacity(READ_SIZE);
+    let mut out = Out::default();
+    loop {
+        // Every whole request in the buffer, answered in order.
+        loop {
+            let head = match h1::parse(&buf, max_head) {
+                Parsed::Partial => break,
+                Parsed::Other => return handover(link, stream, &mut guard, out, buf).await,
+                Parsed::Request(head) => head,
+            };
+            // A body is taken only whole and no longer than a chunk (the store's, once open):
+            // a longer one is streamed, by hyper.
+            let max_body = app.store.get().map_or(0, |st| st.config().chunk_size as usize).min(h1::MAX_BODY);
+            if head.body > max_body {
+                return handover(link, stream, &mut guard, out, buf).await;
+            }
+            let whole = head.len + head.body;
+            if buf.len() < whole {
+                // The rest of the body may already be waiting; if not, hyper, which keeps the
+                // body's minimum rate, takes the request.
+                if read_now(&mut stream, &mut buf, &activity) == Some(0) || buf.len() < whole {
+                    return handover(link, stream, &mut guard, out, buf).await;
+                }
+            }
+            activity.started.fetch_add(1, Ordering::Relaxed);
+            let body = Bytes::copy_from_slice(&buf[head.len..whole]);
+            let held = matches!(head.method, Method::GET | Method::PUT).then(|| Held(activity.held.clone()));
+            let resp = match guard.run(handle_plain(&app, &head, body, held)).await {
+                Some(Some(r)) => r,
+                Some(None) => {
+                    // Not the key API's after all: hyper answers it, from its first byte.
+                    activity.answered.fetch_add(1, Ordering::Release);
+                    return handover(link, stream, &mut guard, out, buf).await;
+                }
+                None => return,
+            };
+            buf.advance(whole);
+            let (mut parts, body) = resp.into_parts();
+            // As under hyper: a client that asked to close, or a server stopping, is told so,
+            // and the connection closes once this answer is written.
+            if app.stopping() || (head.close && !parts.headers.contains_key(CONNECTION)) {
+                parts.headers.insert(CONNECTION, HeaderValue::from_static("close"));
+            }
+            let last = head.close || parts.headers.get(CONNECTION).is_some_and(|v| v.as_bytes() == b"close");
+            let len = hyper::body::Body::size_hint(&body).exact();
+            let before = out.bytes.len();
+            let framing = h1::write_head(&mut out.bytes, &head.method, parts.status, &parts.headers, len);
+            out.len += out.bytes.len() - before;
+            let sent = match framing {
+                Framing::Length(0) => true,
+                framing => send_body(&mut stream, &mut guard, &mut out, body, framing).await,
+            };
+            let a = &activity;
+            a.read_at_answer.store(a.read.load(Ordering::Relaxed) - buf.len() as u64, Ordering::Relaxed);
+            a.answered.fetch_add(1, Ordering::Release);
+            if !sent {
+                return; // the body failed: the client sees it cut short, never taken for whole
+            }
+            if last {
+                if flush(&mut stream, &mut guard, &mut out).await {
+                    let _ = stream.shutdown().await;
+                }
+                return;
+            }
+        }
+        if !out.is_empty() && !flush(&mut stream, &mut guard, &mut out).await {
+            return;
+        }
+        // Wait for more of the next request. (A read that fills less than the buffer marks
+        // the socket drained, so the next wait costs no read that would only say so.)
+        if buf.capacity() - buf.len() < READ_SIZE / 4 {
+            buf.reserve(READ_SIZE);
+        }
+        loop {
+            tokio::select! {
+                biased;
+                r = stream.read_buf(&mut buf) => match r {
+                    Ok(n) if n > 0 => {
+                        activity.read.fetch_add(n as u64, Ordering::Relaxed);
+                        activity.moved_at.store(coarse_ms(), Ordering::Relaxed);
+                        break;
+                    }
+                    _ => return, // the client closed, or the read failed
+                },
+                _ = &mut claimed => return, // room for a new connection
+                _ = &mut stopping, if !draining => draining = true,
+                _ = drain_tick.tick(), if draining => {
+                    // Between requests and quiet for a while: close (a client still sending
+                    // gets its next request answered, with `Connection: close`).
+                    let quiet = coarse_ms().saturating_sub(activity.moved_at.load(Ordering::Relaxed)) >= QUIET_BEFORE_CLOSE_MS;
+                    if quiet && activity.between_requests() && buf.is_empty() {
+                        return;
+                    }
+                }
+                _ = guard.tick.tick() => if guard.expired() { return },
+            }
+        }
+    }
+}
+
+/// Reads what the socket holds now: `Some(n)` bytes (0: closed or failed), or `None` if
+/// nothing is there yet.
+fn read_now(stream: &mut TcpStream, buf: &mut BytesMut, activity: &Activity) -> Option<usize> {
+    if buf.capacity() - buf.len() < READ_SIZE / 4 {
+        buf.reserve(READ_SIZE);
+    }
+    match stream.try_read_buf(buf) {
+        Ok(n) => {
+            if n > 0 {
+                activity.read.fetch_add(n as u64, Ordering::Relaxed);
+                activity.moved_at.store(coarse_ms(), Ordering::Relaxed);
+            }
+            Some(n)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+        Err(_) => Some(0),
+    }
+}
+
+/// Answers gathered for one write: their heads (and short bodies) copied into `bytes`, each
+/// longer body sent from where it lies (a value in the memory tier is not copied).
+#[derive(Default)]
+struct Out {
+    bytes: Vec<u8>,
+    /// Bodies, each after the first `.0` bytes of `bytes`.
+    bodies: Vec<(usize, Bytes)>,
+    len: usize,
+}
+
+/// A body shorter than this is copied (a slice of its own costs more than the copy).
+const COPY_BELOW: usize = 512;
+/// Bodies sent by reference in one write at most (each takes two slices).
+const MAX_BODIES: usize = 16;
+
+impl Out {
+    fn extend(&mut self, b: &[u8]) {
+        self.bytes.extend_from_slice(b);
+        self.len += b.len();
+    }
+
+    fn push(&mut self, b: Bytes) {
+        if b.len() < COPY_BELOW {
+            self.extend(&b);
+        } else {
+            self.len += b.len();
+            self.bodies.push((self.bytes.len(), b));
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether it should be written before more is added.
+    fn full(&self) -> bool {
+        self.len >= OUT_SIZE || self.bodies.len() >= MAX_BODIES
+    }
+}
+
+/// Writes the gathered answers, in one vectored write unless the socket takes less; `false`
+/// if the connection failed or must close.
+async fn flush(stream: &mut TcpStream, guard: &mut Guard, out: &mut Out) -> bool {
+    let mut iov = [IoSlice::new(&[]); 2 * MAX_BODIES + 1];
+    let mut n = 0;
+    let mut at = 0;
+    for (end, body) in &out.bodies {
+        iov[n] = IoSlice::new(&out.bytes[at..*end]);
+        iov[n + 1] = IoSlice::new(body);
+        (n, at) = (n + 2, *end);
+    }
+    iov[n] = IoSlice::new(&out.bytes[at..]);
+    let mut slices = &mut iov[..n + 1];
+    let ok = loop {
+        if slices.iter().all(|s| s.is_empty()) {
+            break true;
+        }
+        // Most writes go at once; only a full socket buffer waits.
+        match stream.try_write_vectored(slices) {
+            Ok(0) => break false,
+            Ok(n) => {
+                guard.activity.written.fetch_add(n as u64, Ordering::Relaxed);
+                guard.activity.moved_at.store(coarse_ms(), Ordering::Relaxed);
+                IoSlice::advance_slices(&mut slices, n);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match guard.run(stream.writable()).await {
+                Some(Ok(())) => {}
+                _ => break false,
+            },
+            Err(_) => break false,
+        }
+    };
+    out.bytes.clear();
+    out.bodies.clear();
+    out.len = 0;
+    ok
+}
+
+/// Adds an answer's body to `out`, writing as it fills: `false` if the body failed (a large
+/// value's piece lost or damaged) or the connection did.
+async fn send_body(
+    stream: &mut TcpStream,
+    guard: &mut Guard,
+    out: &mut Out,
+    mut body: crate::reply::Body,
+    framing: Framing,
+) -> bool {
+    let chunked = framing == Framing::Chunked;
+    loop {
+        let frame = match guard.run(body.frame()).await {
+            Some(Some(Ok(f))) => f,
+            Some(None) => break,
+            Some(Some(Err(_))) | None => return false,
+        };
+        let Ok(data) = frame.into_data() else { continue };
+        if data.is_empty() {
+            continue;
+        }
+        if chunked {
+            out.extend(format!("{:x}\r\n", data.len()).as_bytes());
+        }
+        out.push(data);
+        if chunked {
+            out.extend(b"\r\n");
+        }
+        if out.full() && !flush(stream, guard, out).await {
+            return false;
+        }
+    }
+    if chunked {
+        out.extend(b"0\r\n\r\n");
+    }
+    true
+}
+
+/// Hands the connection to hyper: what was answered is written first, and what is left of the
+/// buffer (the first request not taken, and anything after it) is hyper's to parse.
+async fn handover(link: Link, mut stream: TcpStream, guard: &mut Guard, mut out: Out, buf: BytesMut) {
+    if !out.is_empty() && !flush(&mut stream, guard, &mut out).await {
+        return;
+    }
+    link.app.metrics.handovers.fetch_add(1, Ordering::Relaxed);
+    let a = &link.activity;
+    a.read_at_answer.store(a.read.load(Ordering::Relaxed) - buf.len() as u64, Ordering::Relaxed);
+    Box::pin(via_hyper::serve(link, stream, buf.freeze())).await
+}
