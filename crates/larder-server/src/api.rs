@@ -200,7 +200,7 @@ impl PutHeaders {
 }
 
 /// A request's body as its connection hands it over: hyper's, to be read as it arrives; or
-/// whole, read with the head by the server's own connection (at most `h1::MAX_BODY`, and never
+/// whole, read with the head by the server's own connection (within `h1::MAX_WITH_BODY`, and never
 /// longer than a chunk).
 pub enum ReqBody {
     Hyper(Incoming),

@@ -17,8 +17,14 @@ use std::cell::RefCell;
 /// Headers a plain request may carry; more, and hyper takes it (its own limit is 100).
 const MAX_HEADERS: usize = 32;
 
-/// Longest body taken with its head: a longer one goes through hyper, which streams it.
-pub const MAX_BODY: usize = 64 * 1024;
+/// Longest request with a body taken here, head and body: hyper's first read. hyper closes a
+/// connection after an answer that did not read its request's body (a PUT refused before its
+/// body is read: 401, 412…) unless the body is already in its buffer; taking only what fits
+/// in one such read keeps every close the same.
+pub const MAX_WITH_BODY: usize = 8 * 1024;
+
+/// Longest target hyper takes (past it, its own 414).
+const MAX_TARGET: usize = u16::MAX as usize - 1;
 
 /// A request head this module takes.
 pub struct Head {
@@ -72,7 +78,8 @@ pub fn parse(buf: &[u8], max_len: usize) -> Parsed {
         _ => return Parsed::Other,
     };
     let target = req.path.unwrap_or_default();
-    if req.version != Some(1) || !target.starts_with('/') || !target.bytes().all(plain_target_byte) {
+    let plain = target.starts_with('/') && target.len() <= MAX_TARGET && target.bytes().all(plain_target_byte);
+    if req.version != Some(1) || !plain {
         return Parsed::Other;
     }
     let path = target.split_once('?').map_or(target, |(p, _)| p).to_owned();
@@ -104,10 +111,18 @@ pub fn parse(buf: &[u8], max_len: usize) -> Parsed {
         map.append(name, value);
     }
     let bodiless = matches!(method, Method::GET | Method::HEAD | Method::DELETE);
-    if (bodiless && body != 0) || body > MAX_BODY {
+    if (bodiless && body != 0) || (body > 0 && len.saturating_add(body) > MAX_WITH_BODY) {
         return Parsed::Other;
     }
     Parsed::Request(Head { method, path, target_len: target.len(), headers: map, len, body, close })
+}
+
+/// Whether `buf` may hold the end of a head (a blank line, `\r\n\r\n` or a bare `\n\n`) beyond
+/// the first `scanned` bytes, which are known not to: so a head that arrives a byte at a time
+/// is not parsed anew at each one (hyper does the same).
+pub fn head_ends(buf: &[u8], scanned: usize) -> bool {
+    let from = scanned.saturating_sub(3);
+    buf.get(from..).is_some_and(|b| b.windows(2).any(|w| w == b"\n\n") || b.windows(3).any(|w| w == b"\n\r\n"))
 }
 
 /// How an answer's body follows its head.
@@ -173,6 +188,7 @@ pub fn write_head(
     let mut framing = Framing::Length(len.unwrap_or(0));
     if !wrote_len {
         match len {
+            None if method == Method::HEAD || !may_have_length(status) => {}
             None => {
                 dst.extend_from_slice(b"transfer-encoding: chunked\r\n");
                 framing = Framing::Chunked;
@@ -247,6 +263,15 @@ mod tests {
     }
 
     #[test]
+    fn a_head_s_end_is_found_across_reads() {
+        let raw = b"GET /k HTTP/1.1\r\nHost: h\r\n\r\n";
+        assert!(!head_ends(&raw[..raw.len() - 1], 0));
+        assert!(head_ends(raw, raw.len() - 1), "the end straddles what was scanned");
+        assert!(head_ends(b"GET /k HTTP/1.1\nHost: h\n\n", 20));
+        assert!(!head_ends(b"GET /k HTTP/1.1\r\nHost: h\r\n", 0));
+    }
+
+    #[test]
     fn anything_unusual_is_left_to_hyper() {
         for raw in [
             &b"GET /k HTTP/1.0\r\n\r\n"[..],
@@ -258,7 +283,7 @@ mod tests {
             b"PUT /k HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
             b"PUT /k HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello",
             b"PUT /k HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
-            b"PUT /k HTTP/1.1\r\nContent-Length: 999999\r\n\r\n",
+            b"PUT /k HTTP/1.1\r\nContent-Length: 8192\r\n\r\n",
             b"GET /k HTTP/1.1\r\nContent-Length: 1\r\n\r\nx",
             b"GET /k HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n",
             b"GET /k HTTP/1.1\r\nHost: a\r\n b\r\n\r\n",

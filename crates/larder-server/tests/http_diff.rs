@@ -213,7 +213,20 @@ fn corpus() -> Vec<Script> {
         script("close in capitals", &[get("/d/a", "Connection: CLOSE\r\n"), get("/d/p", "")].concat()),
         script("smuggled after a plain one", &[get("/d/a", ""), b"PUT /d/s HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 7\r\n\r\n".to_vec()].concat()),
     ];
-    // A body longer than the native limit but within a chunk, and the limit itself.
+    // Refused before the body is read: hyper keeps the connection only if it holds the body.
+    scripts.push(script(
+        "7 KiB put refused",
+        &[put("/d/r7", &vec![b'r'; 7 * 1024], "If-Match: *\r\n"), get("/d/a", "")].concat(),
+    ));
+    scripts.push(script(
+        "30 KiB put refused",
+        &[put("/d/r30", &vec![b'r'; 30 * 1024], "If-Match: *\r\n"), get("/d/a", "")].concat(),
+    ));
+    // Around the loop's limit for a request with a body (head and body together).
+    let head_len = put("/d/edge", b"", "").len();
+    scripts.push(script("8 KiB request", &put("/d/edge", &vec![b'e'; 8192 - head_len], "")));
+    scripts.push(script("8 KiB + 1 request", &put("/d/edge", &vec![b'e'; 8193 - head_len], "")));
+    // Larger bodies, within a chunk.
     scripts.push(script("64 KiB put", &put("/d/k64", &vec![b'k'; 64 * 1024], "")));
     scripts.push(script("64 KiB + 1 put", &put("/d/k65", &vec![b'k'; 64 * 1024 + 1], "")));
     scripts
@@ -252,6 +265,8 @@ fn with_a_token_refusals_are_alike() {
         script("wrong token", &put("/d/a", b"v", "Authorization: Bearer nope\r\n")),
         script("other scheme", &get("/d/a", "Authorization: Basic eDp5\r\n")),
         script("right token", &put("/d/a", b"v", "Authorization: Bearer s3cret\r\n")),
+        script("30 KiB without", &[put("/d/b", &vec![b'b'; 30 * 1024], ""), get("/d/a", "")].concat()),
+        script("4 KiB without", &[put("/d/b", &vec![b'b'; 4 * 1024], ""), get("/d/a", "")].concat()),
         script("read without", &get("/d/a", "")),
         script("read with", &get("/d/a", "Authorization: Bearer s3cret\r\n")),
     ] {

@@ -1,5 +1,5 @@
 //! The server's own HTTP/1.1 loop, for the key API's plain requests (GET, HEAD, DELETE, and
-//! PUT with a body of at most `h1::MAX_BODY` that came with its head): one read takes in as
+//! PUT that fits with its head in `h1::MAX_WITH_BODY`, and came with it): one read takes in as
 //! many pipelined requests as arrived, each is answered as soon as it is parsed (a memory or
 //! page-cache hit without leaving this task), and all their answers go out in one write.
 //!
@@ -75,60 +75,97 @@ impl Guard {
     }
 }
 
-/// Serves a connection until it closes, or hands it to hyper.
-pub(super) async fn serve(link: Link, mut stream: TcpStream) {
-    let app = link.app.clone();
-    let activity = link.activity.clone();
-    let mut shutdown = link.shutdown.clone();
-    let s = &app.settings;
-    let max_head = (s.max_header_size as usize).max(64);
+/// How the loop ended.
+enum End {
+    Closed,
+    /// The first request not taken, and what follows, go to hyper.
+    Handover(TcpStream, Out, BytesMut),
+}
+
+/// Serves a connection until it closes, or hands it to hyper. (The loop's waits are dropped
+/// before hyper takes over: a newcomer's claim on the connection must reach hyper's.)
+pub(super) async fn serve(link: Link, stream: TcpStream) {
+    let s = &link.app.settings;
     let watchdog = Watchdog::new(s.idle_timeout, s.header_timeout);
     let mut tick = tokio::time::interval(watchdog.period());
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut guard = Guard { app: app.clone(), activity: activity.clone(), watchdog, tick };
+    let mut guard = Guard { app: link.app.clone(), activity: link.activity.clone(), watchdog, tick };
+    if let End::Handover(stream, out, buf) = run(&link, stream, &mut guard).await {
+        handover(link, stream, &mut guard, out, buf).await;
+    }
+}
+
+/// The loop itself.
+async fn run(link: &Link, mut stream: TcpStream, guard: &mut Guard) -> End {
+    let app = &link.app;
+    let activity = &link.activity;
+    let mut shutdown = link.shutdown.clone();
+    let max_head = (app.settings.max_header_size as usize).max(64);
     let mut drain_tick = tokio::time::interval(Duration::from_millis(50));
+    drain_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut draining = *shutdown.borrow();
     // Made once and polled at each wait, rather than made anew for every request.
-    let notify = link.close.clone();
-    let mut claimed = std::pin::pin!(notify.notified());
+    let mut claimed = std::pin::pin!(link.close.notified());
     let mut stopping = std::pin::pin!(shutdown.changed());
     let mut buf = BytesMut::with_capacity(READ_SIZE);
     let mut out = Out::default();
+    // How much of the buffer was parsed and found no whole head: a head that trickles in is
+    // parsed again only once a blank line may have come (as hyper does).
+    let mut scanned = 0;
     loop {
         // Every whole request in the buffer, answered in order.
         loop {
+            if scanned > 0 && buf.len() < max_head && !h1::head_ends(&buf, scanned) {
+                scanned = buf.len();
+                break;
+            }
             let head = match h1::parse(&buf, max_head) {
-                Parsed::Partial => break,
-                Parsed::Other => return handover(link, stream, &mut guard, out, buf).await,
+                Parsed::Partial => {
+                    scanned = buf.len();
+                    break;
+                }
+                Parsed::Other => return End::Handover(stream, out, buf),
                 Parsed::Request(head) => head,
             };
             // A body is taken only whole and no longer than a chunk (the store's, once open):
             // a longer one is streamed, by hyper.
-            let max_body = app.store.get().map_or(0, |st| st.config().chunk_size as usize).min(h1::MAX_BODY);
+            let max_body = app.store.get().map_or(0, |st| st.config().chunk_size as usize);
             if head.body > max_body {
-                return handover(link, stream, &mut guard, out, buf).await;
+                return End::Handover(stream, out, buf);
             }
             let whole = head.len + head.body;
             if buf.len() < whole {
                 // The rest of the body may already be waiting; if not, hyper, which keeps the
                 // body's minimum rate, takes the request.
-                if read_now(&mut stream, &mut buf, &activity) == Some(0) || buf.len() < whole {
-                    return handover(link, stream, &mut guard, out, buf).await;
+                if read_now(&mut stream, &mut buf, activity) == Some(0) || buf.len() < whole {
+                    return End::Handover(stream, out, buf);
                 }
             }
             activity.started.fetch_add(1, Ordering::Relaxed);
             let body = Bytes::copy_from_slice(&buf[head.len..whole]);
             let held = matches!(head.method, Method::GET | Method::PUT).then(|| Held(activity.held.clone()));
-            let resp = match guard.run(handle_plain(&app, &head, body, held)).await {
+            let mut answering = std::pin::pin!(handle_plain(app, &head, body, held));
+            let answer = match std::future::poll_fn(|cx| Poll::Ready(answering.as_mut().poll(cx))).await {
+                Poll::Ready(a) => Some(a),
+                Poll::Pending => {
+                    // Answers gathered so far go out before this one is waited for.
+                    if !out.is_empty() && !flush(&mut stream, guard, &mut out).await {
+                        return End::Closed;
+                    }
+                    guard.run(answering).await
+                }
+            };
+            let resp = match answer {
                 Some(Some(r)) => r,
                 Some(None) => {
                     // Not the key API's after all: hyper answers it, from its first byte.
                     activity.answered.fetch_add(1, Ordering::Release);
-                    return handover(link, stream, &mut guard, out, buf).await;
+                    return End::Handover(stream, out, buf);
                 }
-                None => return,
+                None => return End::Closed,
             };
             buf.advance(whole);
+            scanned = 0;
             let (mut parts, body) = resp.into_parts();
             // As under hyper: a client that asked to close, or a server stopping, is told so,
             // and the connection closes once this answer is written.
@@ -142,23 +179,27 @@ pub(super) async fn serve(link: Link, mut stream: TcpStream) {
             out.len += out.bytes.len() - before;
             let sent = match framing {
                 Framing::Length(0) => true,
-                framing => send_body(&mut stream, &mut guard, &mut out, body, framing).await,
+                framing => send_body(&mut stream, guard, &mut out, body, framing).await,
             };
-            let a = &activity;
+            let a = activity;
             a.read_at_answer.store(a.read.load(Ordering::Relaxed) - buf.len() as u64, Ordering::Relaxed);
             a.answered.fetch_add(1, Ordering::Release);
             if !sent {
-                return; // the body failed: the client sees it cut short, never taken for whole
+                // The body failed: what was gathered goes out, this answer's head and what of
+                // its body came, and the connection closes: the client sees the answer cut
+                // short (as under hyper), never takes it for whole.
+                flush(&mut stream, guard, &mut out).await;
+                return End::Closed;
             }
             if last {
-                if flush(&mut stream, &mut guard, &mut out).await {
+                if flush(&mut stream, guard, &mut out).await {
                     let _ = stream.shutdown().await;
                 }
-                return;
+                return End::Closed;
             }
         }
-        if !out.is_empty() && !flush(&mut stream, &mut guard, &mut out).await {
-            return;
+        if !out.is_empty() && !flush(&mut stream, guard, &mut out).await {
+            return End::Closed;
         }
         // Wait for more of the next request. (A read that fills less than the buffer marks
         // the socket drained, so the next wait costs no read that would only say so.)
@@ -174,19 +215,19 @@ pub(super) async fn serve(link: Link, mut stream: TcpStream) {
                         activity.moved_at.store(coarse_ms(), Ordering::Relaxed);
                         break;
                     }
-                    _ => return, // the client closed, or the read failed
+                    _ => return End::Closed, // the client closed, or the read failed
                 },
-                _ = &mut claimed => return, // room for a new connection
+                _ = &mut claimed => return End::Closed, // room for a new connection
                 _ = &mut stopping, if !draining => draining = true,
                 _ = drain_tick.tick(), if draining => {
                     // Between requests and quiet for a while: close (a client still sending
                     // gets its next request answered, with `Connection: close`).
                     let quiet = coarse_ms().saturating_sub(activity.moved_at.load(Ordering::Relaxed)) >= QUIET_BEFORE_CLOSE_MS;
                     if quiet && activity.between_requests() && buf.is_empty() {
-                        return;
+                        return End::Closed;
                     }
                 }
-                _ = guard.tick.tick() => if guard.expired() { return },
+                _ = guard.tick.tick() => if guard.expired() { return End::Closed },
             }
         }
     }
@@ -310,7 +351,7 @@ async fn send_body(
             continue;
         }
         if chunked {
-            out.extend(format!("{:x}\r\n", data.len()).as_bytes());
+            out.extend(format!("{:X}\r\n", data.len()).as_bytes());
         }
         out.push(data);
         if chunked {

@@ -52,6 +52,7 @@ pub(super) async fn serve(link: Link, stream: TcpStream, prefix: Bytes) {
     let mut tick = tokio::time::interval(watchdog.period());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut drain_tick = tokio::time::interval(Duration::from_millis(50));
+    drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut draining, mut closing) = (false, false);
     loop {
         tokio::select! {
