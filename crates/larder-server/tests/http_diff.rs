@@ -305,3 +305,30 @@ fn plain_requests_stay_with_the_native_loop() {
     assert_eq!(t.matches("HTTP/1.1 ").count(), 3, "{t}");
     assert_eq!(handovers(&s), before + 3);
 }
+
+/// Past `--max-connections`, an idle connection makes room for a newcomer: also one the loop
+/// handed to hyper (whose wait for the claim must be hyper's, not the loop's left behind).
+#[test]
+fn a_handed_over_connection_still_makes_room() {
+    let s = Server::start(&["--max-connections", "1"]);
+    let mut a = TcpStream::connect(s.addr).unwrap();
+    a.write_all(b"OPTIONS /k HTTP/1.1\r\nHost: l\r\n\r\n").unwrap();
+    let mut buf = [0u8; 4096];
+    a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(a.read(&mut buf).unwrap() > 0, "the OPTIONS is answered");
+    // Quiet for longer than a connection must be before it is closed for a newcomer.
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut b = s.client();
+    assert_eq!(b.get("/k/none").status, 404, "the newcomer is served");
+    a.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let started = Instant::now();
+    let closed = loop {
+        match a.read(&mut buf) {
+            Ok(0) => break true,
+            Err(e) if !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break true,
+            _ if started.elapsed() > Duration::from_secs(5) => break false,
+            _ => {}
+        }
+    };
+    assert!(closed, "the idle, handed-over connection was not closed for the newcomer");
+}
