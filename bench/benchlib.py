@@ -8,7 +8,7 @@ import os
 import socket
 import struct
 import time
-from typing import Callable, Tuple
+from typing import Callable, Dict, List, Tuple
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -72,3 +72,24 @@ def http_done(buf: bytes) -> bool:
     """Whether ``buf`` holds a whole HTTP response with a Content-Length."""
     head, sep, body = buf.partition(b"\r\n\r\n")
     return bool(sep) and len(body) >= int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+
+
+def take_turns(kinds: Dict[str, Tuple[int, Callable[[int], None]]], ops: int, slices: int,
+               keys: int) -> Tuple[Dict[str, List[float]], int]:
+    """Runs ``ops`` requests of each kind (a server's pid, and a function making request i),
+    the kinds taking turns in ``slices`` slices so that drift falls on all alike. Returns each
+    kind's server user and system seconds and wall seconds, and the requests made of each."""
+    spent: Dict[str, List[float]] = {k: [0.0, 0.0, 0.0] for k in kinds}
+    step = ops // slices
+    for lo in range(0, ops, step):
+        for name, (pid, f) in kinds.items():
+            u0, s0 = cpu(pid)
+            t0 = time.perf_counter()
+            for i in range(lo, lo + step):
+                f(i % keys)
+            t1 = time.perf_counter()
+            u1, s1 = cpu(pid)
+            spent[name][0] += u1 - u0
+            spent[name][1] += s1 - s0
+            spent[name][2] += t1 - t0
+    return spent, step * slices

@@ -34,7 +34,7 @@ import time
 import urllib.request
 from typing import Callable, Dict, List, Tuple
 
-from benchlib import connect, cpu, free_port, http_done, until
+from benchlib import connect, cpu, free_port, http_done, take_turns, until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,23 +96,11 @@ def one_in_flight(a: argparse.Namespace, larders: List[Tuple[str, str]], tmp: st
                 if name.endswith("get") or name.endswith("GET"):
                     for i in range(keys):
                         f(i)
-        spent: Dict[str, List[float]] = {k: [0.0, 0.0] for k in kinds}
-        step = a.ops // a.slices
-        for lo in range(0, a.ops, step):
-            for name, (pid, f) in kinds.items():
-                u0, s0 = cpu(pid)
-                t0 = time.perf_counter()
-                for i in range(lo, lo + step):
-                    f(i % keys)
-                t1 = time.perf_counter()
-                u1, s1 = cpu(pid)
-                spent[name][0] += (u1 - u0) + (s1 - s0)
-                spent[name][1] += t1 - t0
+        spent, n = take_turns(kinds, a.ops, a.slices, keys)
     finally:
         for p in procs:
             p.terminate()
             p.wait(30)
-    n = step * a.slices
     print(f"| one request in flight, 1 KiB ({n} each) | server CPU per request (user + system) "
           "| ratio to memcached's same operation | round trip | ratio |")
     print("|---|---|---|---|---|")
@@ -120,8 +108,9 @@ def one_in_flight(a: argparse.Namespace, larders: List[Tuple[str, str]], tmp: st
             [(f"{name} HTTP", "GET") for name, _ in larders] + [("memcached", "set")] + \
             [(f"{name} memcached", "set") for name, _ in larders] + [(f"{name} HTTP", "PUT") for name, _ in larders]
     for who, op in order:
-        c, w = spent[f"{who} {op}"]
-        base_c, base_w = spent["memcached " + ("get" if op in ("get", "GET") else "set")]
+        u, sy, w = spent[f"{who} {op}"]
+        bu, bs, base_w = spent["memcached " + ("get" if op in ("get", "GET") else "set")]
+        c, base_c = u + sy, bu + bs
         label = f"memcached text `{op}`" if who == "memcached" else f"{who} `{op}`"
         print(f"| {label} | {c / n * 1e6:.1f} µs | {c / base_c:.2f} | {w / n * 1e6:.1f} µs | {w / base_w:.2f} |")
 

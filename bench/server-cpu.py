@@ -19,10 +19,9 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, Tuple
 
-from benchlib import binary, binary_done, connect, cpu, free_port, http_done, until
+from benchlib import binary, binary_done, connect, free_port, http_done, take_turns, until
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -79,25 +78,12 @@ def main() -> None:
         for _, f in kinds.values():  # every key stored, and read once, before anything is timed
             for i in range(keys):
                 f(i)
-        spent: Dict[str, List[float]] = {k: [0.0, 0.0, 0.0] for k in kinds}
-        step = a.ops // a.slices
-        for lo in range(0, a.ops, step):
-            for name, (pid, f) in kinds.items():
-                u0, s0 = cpu(pid)
-                t0 = time.perf_counter()
-                for i in range(lo, lo + step):
-                    f(i % keys)
-                t1 = time.perf_counter()
-                u1, s1 = cpu(pid)
-                spent[name][0] += u1 - u0
-                spent[name][1] += s1 - s0
-                spent[name][2] += t1 - t0
+        spent, n = take_turns(kinds, a.ops, a.slices, keys)
     finally:
         for p in [lr[1] for lr in larders] + [memcached]:
             p.terminate()
             p.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
-    n = step * a.slices
     print("| request (1 KiB) | server user µs | server system µs | round trip µs |")
     print("|---|---|---|---|")
     for name, (u, s, w) in spent.items():
