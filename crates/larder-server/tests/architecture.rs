@@ -70,9 +70,10 @@ const INNER: &[(&str, &[&[&str]])] = &[
         ],
     ),
     ("dav", &[&["xml"], &["mod"]]),
-    // What a connection's timeouts read; hyper's connection; the server's own loop, which
-    // hands a connection to hyper; the registry.
-    ("conn", &[&["activity"], &["via_hyper"], &["native"], &["mod"]]),
+    // What a connection's timeouts read, and answers on their way out; hyper's connection;
+    // the server's own loop on the runtime, which hands a connection to hyper; the event
+    // loops, which hand one to the runtime's; the registry.
+    ("conn", &[&["activity", "out"], &["via_hyper"], &["native"], &["reactor"], &["mod"]]),
     ("guard", &[&["budget", "ring"], &["mod"]]),
     ("config", &[&["mod"]]),
     ("cli", &[&["client"], &["bench", "check", "fleet", "keys", "stats"], &["mod"]]),

@@ -30,6 +30,9 @@ pub(super) struct Activity {
     /// Requests of this connection the server itself holds up (a PUT waiting for room in the
     /// body budget): the connection is not idle meanwhile, however long that takes.
     pub(super) held: Arc<std::sync::atomic::AtomicU32>,
+    /// A newcomer took this connection's room: it closes (the event loop's connections look
+    /// at this; those on the runtime hear of it from [`Link::close`]).
+    pub(super) claimed: std::sync::atomic::AtomicBool,
 }
 
 /// Milliseconds since the server started, updated every [`COARSE_TICK`] by a background task:

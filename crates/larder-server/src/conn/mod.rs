@@ -7,6 +7,8 @@
 
 mod activity;
 mod native;
+mod out;
+mod reactor;
 mod via_hyper;
 
 pub use activity::coarse_clock;
@@ -68,6 +70,7 @@ impl Conns {
         let victim = quietest(&|c| c.never_used(now)).or_else(|| quietest(&|c| c.idle(now)));
         match victim.and_then(|id| self.open.remove(&id)) {
             Some(c) => {
+                c.activity.claimed.store(true, Ordering::Relaxed);
                 c.close.notify_one();
                 true
             }
@@ -123,7 +126,34 @@ pub fn admit(
     // The read-through proxy's requests are all hyper's (see `native`).
     if app.settings.http_server == crate::config::HttpServer::Hyper || crate::proxy::state().is_some() {
         connections.spawn(via_hyper::serve(link, stream, bytes::Bytes::new()));
-    } else {
-        connections.spawn(native::serve(link, stream));
+        return;
     }
+    let reactors = REACTORS.get_or_init(|| {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        reactor::Reactors::start(n, tokio::runtime::Handle::current())
+    });
+    let (reactors, stream) = match (reactors, stream.into_std()) {
+        (Ok(r), Ok(s)) => (r, s),
+        (Err(e), _) => {
+            tracing::error!(error = %e, "no HTTP event loop for a connection");
+            return;
+        }
+        (_, Err(e)) => {
+            tracing::warn!(error = %e, "a connection could not leave the runtime");
+            return;
+        }
+    };
+    // The connection's task only waits: for the loop to end it, or to hand it to the runtime.
+    let (done, handed) = tokio::sync::oneshot::channel();
+    reactors.take(reactor::Arrival { stream, link, done });
+    connections.spawn(async move {
+        if let Ok(h) = handed.await {
+            if let Ok(stream) = TcpStream::from_std(h.stream) {
+                native::resume(h.link, stream, h.buf, h.out, h.pending).await;
+            }
+        }
+    });
 }
+
+/// The event loops, started with the first connection, on the runtime that accepted it.
+static REACTORS: std::sync::OnceLock<io::Result<reactor::Reactors>> = std::sync::OnceLock::new();

@@ -1,7 +1,8 @@
-//! The server's own HTTP/1.1 loop, for the key API's plain requests (GET, HEAD, DELETE, and
-//! PUT that fits with its head in `h1::MAX_WITH_BODY`, and came with it): one read takes in as
-//! many pipelined requests as arrived, each is answered as soon as it is parsed (a memory or
-//! page-cache hit without leaving this task), and all their answers go out in one write.
+//! The server's own HTTP/1.1 loop on the runtime, for the key API's plain requests (GET, HEAD,
+//! DELETE, and PUT that fits with its head in `h1::MAX_WITH_BODY`, and came with it), where a
+//! connection goes when [`super::reactor`] meets an answer that must wait: one read takes in
+//! as many pipelined requests as arrived, each is answered as soon as it is parsed, and all
+//! their answers go out in one write.
 //!
 //! It answers what hyper would, byte for byte (`tests/http_diff.rs`), by taking only what
 //! `h1::parse` is sure of: at the first request it is not (WebDAV, admin, chunked or large
@@ -10,17 +11,19 @@
 //! newcomers and the graceful stop are the same as under hyper ([`super::activity`]).
 
 use super::activity::{coarse_ms, Activity, Link, Watchdog, QUIET_BEFORE_CLOSE_MS};
+use super::out::{self, Out, MAX_SLICES};
 use super::via_hyper;
 use crate::app::{App, Held};
 use crate::guard::{Door, Unit};
 use crate::h1::{self, Framing, Parsed};
+use crate::reply::Resp;
 use crate::routes::handle_plain;
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
-use hyper::header::{HeaderValue, CONNECTION};
 use hyper::Method;
 use std::future::Future;
 use std::io::IoSlice;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
@@ -30,9 +33,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Interval, MissedTickBehavior};
 
 /// Room kept free in the read buffer before each read.
-const READ_SIZE: usize = 16 * 1024;
-/// Answers gathered before they are written; a body that would pass it is written on its own.
-const OUT_SIZE: usize = 64 * 1024;
+pub(super) const READ_SIZE: usize = 16 * 1024;
 
 /// What ends a connection's wait early: the watchdog, on its tick. (A newcomer's claim on the
 /// connection's room is heard only between requests: only an idle connection is claimed.)
@@ -82,21 +83,40 @@ enum End {
     Handover(TcpStream, Out, BytesMut),
 }
 
-/// Serves a connection until it closes, or hands it to hyper. (The loop's waits are dropped
-/// before hyper takes over: a newcomer's claim on the connection must reach hyper's.)
-pub(super) async fn serve(link: Link, stream: TcpStream) {
+/// An answer begun elsewhere (by [`super::reactor`]) that this loop finishes: the request's
+/// method, whether it asked to close, the bytes it takes at the front of the buffer, and the
+/// answer, which may still be on its way.
+pub(super) struct Pending {
+    pub(super) method: Method,
+    pub(super) close: bool,
+    pub(super) whole: usize,
+    pub(super) answer: Pin<Box<dyn Future<Output = Option<Resp>> + Send>>,
+}
+
+/// Serves a connection from where [`super::reactor`] left it (`buf` read and not yet
+/// answered, `out` answered and not yet written, perhaps an answer under way) until it closes,
+/// or hands it to hyper. (The loop's waits are dropped before hyper takes over: a newcomer's
+/// claim on the connection must reach hyper's.)
+pub(super) async fn resume(link: Link, stream: TcpStream, buf: BytesMut, out: Out, pending: Option<Pending>) {
     let s = &link.app.settings;
     let watchdog = Watchdog::new(s.idle_timeout, s.header_timeout);
     let mut tick = tokio::time::interval(watchdog.period());
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut guard = Guard { app: link.app.clone(), activity: link.activity.clone(), watchdog, tick };
-    if let End::Handover(stream, out, buf) = run(&link, stream, &mut guard).await {
+    if let End::Handover(stream, out, buf) = run(&link, stream, &mut guard, buf, out, pending).await {
         handover(link, stream, &mut guard, out, buf).await;
     }
 }
 
 /// The loop itself.
-async fn run(link: &Link, mut stream: TcpStream, guard: &mut Guard) -> End {
+async fn run(
+    link: &Link,
+    mut stream: TcpStream,
+    guard: &mut Guard,
+    mut buf: BytesMut,
+    mut out: Out,
+    pending: Option<Pending>,
+) -> End {
     let app = &link.app;
     let activity = &link.activity;
     let mut shutdown = link.shutdown.clone();
@@ -107,11 +127,17 @@ async fn run(link: &Link, mut stream: TcpStream, guard: &mut Guard) -> End {
     // Made once and polled at each wait, rather than made anew for every request.
     let mut claimed = std::pin::pin!(link.close.notified());
     let mut stopping = std::pin::pin!(shutdown.changed());
-    let mut buf = BytesMut::with_capacity(READ_SIZE);
-    let mut out = Out::default();
     // How much of the buffer was parsed and found no whole head: a head that trickles in is
     // parsed again only once a blank line may have come (as hyper does).
     let mut scanned = 0;
+    if let Some(p) = pending {
+        let Pending { method, close, whole, mut answer } = p;
+        match respond(app, &mut stream, guard, &mut out, &mut buf, &method, close, whole, answer.as_mut()).await {
+            Then::Next => {}
+            Then::Close => return End::Closed,
+            Then::Handover => return End::Handover(stream, out, buf),
+        }
+    }
     loop {
         // Every whole request in the buffer, answered in order.
         loop {
@@ -144,58 +170,12 @@ async fn run(link: &Link, mut stream: TcpStream, guard: &mut Guard) -> End {
             activity.started.fetch_add(1, Ordering::Relaxed);
             let body = Bytes::copy_from_slice(&buf[head.len..whole]);
             let held = matches!(head.method, Method::GET | Method::PUT).then(|| Held(activity.held.clone()));
-            let mut answering = std::pin::pin!(handle_plain(app, &head, body, held));
-            let answer = match std::future::poll_fn(|cx| Poll::Ready(answering.as_mut().poll(cx))).await {
-                Poll::Ready(a) => Some(a),
-                Poll::Pending => {
-                    // Answers gathered so far go out before this one is waited for.
-                    if !out.is_empty() && !flush(&mut stream, guard, &mut out).await {
-                        return End::Closed;
-                    }
-                    guard.run(answering).await
-                }
-            };
-            let resp = match answer {
-                Some(Some(r)) => r,
-                Some(None) => {
-                    // Not the key API's after all: hyper answers it, from its first byte.
-                    activity.answered.fetch_add(1, Ordering::Release);
-                    return End::Handover(stream, out, buf);
-                }
-                None => return End::Closed,
-            };
-            buf.advance(whole);
-            scanned = 0;
-            let (mut parts, body) = resp.into_parts();
-            // As under hyper: a client that asked to close, or a server stopping, is told so,
-            // and the connection closes once this answer is written.
-            if app.stopping() || (head.close && !parts.headers.contains_key(CONNECTION)) {
-                parts.headers.insert(CONNECTION, HeaderValue::from_static("close"));
-            }
-            let last = head.close || parts.headers.get(CONNECTION).is_some_and(|v| v.as_bytes() == b"close");
-            let len = hyper::body::Body::size_hint(&body).exact();
-            let before = out.bytes.len();
-            let framing = h1::write_head(&mut out.bytes, &head.method, parts.status, &parts.headers, len);
-            out.len += out.bytes.len() - before;
-            let sent = match framing {
-                Framing::Length(0) => true,
-                framing => send_body(&mut stream, guard, &mut out, body, framing).await,
-            };
-            let a = activity;
-            a.read_at_answer.store(a.read.load(Ordering::Relaxed) - buf.len() as u64, Ordering::Relaxed);
-            a.answered.fetch_add(1, Ordering::Release);
-            if !sent {
-                // The body failed: what was gathered goes out, this answer's head and what of
-                // its body came, and the connection closes: the client sees the answer cut
-                // short (as under hyper), never takes it for whole.
-                flush(&mut stream, guard, &mut out).await;
-                return End::Closed;
-            }
-            if last {
-                if flush(&mut stream, guard, &mut out).await {
-                    let _ = stream.shutdown().await;
-                }
-                return End::Closed;
+            let answering = std::pin::pin!(handle_plain(app, &head, body, held));
+            match respond(app, &mut stream, guard, &mut out, &mut buf, &head.method, head.close, whole, answering).await
+            {
+                Then::Next => scanned = 0,
+                Then::Close => return End::Closed,
+                Then::Handover => return End::Handover(stream, out, buf),
             }
         }
         if !out.is_empty() && !flush(&mut stream, guard, &mut out).await {
@@ -252,59 +232,81 @@ fn read_now(stream: &mut TcpStream, buf: &mut BytesMut, activity: &Activity) -> 
     }
 }
 
-/// Answers gathered for one write: their heads (and short bodies) copied into `bytes`, each
-/// longer body sent from where it lies (a value in the memory tier is not copied).
-#[derive(Default)]
-struct Out {
-    bytes: Vec<u8>,
-    /// Bodies, each after the first `.0` bytes of `bytes`.
-    bodies: Vec<(usize, Bytes)>,
-    len: usize,
+/// What a request's answer leaves the connection to do.
+enum Then {
+    /// Go on to the next request.
+    Next,
+    Close,
+    /// Not the key API's after all: hyper answers it, from its first byte.
+    Handover,
 }
 
-/// A body shorter than this is copied (a slice of its own costs more than the copy).
-const COPY_BELOW: usize = 512;
-/// Bodies sent by reference in one write at most (each takes two slices).
-const MAX_BODIES: usize = 16;
-
-impl Out {
-    fn extend(&mut self, b: &[u8]) {
-        self.bytes.extend_from_slice(b);
-        self.len += b.len();
-    }
-
-    fn push(&mut self, b: Bytes) {
-        if b.len() < COPY_BELOW {
-            self.extend(&b);
-        } else {
-            self.len += b.len();
-            self.bodies.push((self.bytes.len(), b));
+/// Waits for `answering` (the answer to the request of `whole` bytes at the front of `buf`)
+/// if it is not ready, and adds it to `out`, writing as a large body fills it.
+#[allow(clippy::too_many_arguments)]
+async fn respond<F: Future<Output = Option<Resp>> + ?Sized>(
+    app: &App,
+    stream: &mut TcpStream,
+    guard: &mut Guard,
+    out: &mut Out,
+    buf: &mut BytesMut,
+    method: &Method,
+    close: bool,
+    whole: usize,
+    mut answering: Pin<&mut F>,
+) -> Then {
+    let activity = guard.activity.clone();
+    let answer = match std::future::poll_fn(|cx| Poll::Ready(answering.as_mut().poll(cx))).await {
+        Poll::Ready(a) => Some(a),
+        Poll::Pending => {
+            // Answers gathered so far go out before this one is waited for.
+            if !out.is_empty() && !flush(stream, guard, out).await {
+                return Then::Close;
+            }
+            guard.run(answering).await
         }
+    };
+    let resp = match answer {
+        Some(Some(r)) => r,
+        Some(None) => {
+            activity.answered.fetch_add(1, Ordering::Release);
+            return Then::Handover;
+        }
+        None => return Then::Close,
+    };
+    buf.advance(whole);
+    let (mut parts, body) = resp.into_parts();
+    let len = hyper::body::Body::size_hint(&body).exact();
+    let (framing, last) = out::head(out, app, method, close, &mut parts, len);
+    let sent = match framing {
+        Framing::Length(0) => true,
+        framing => send_body(stream, guard, out, body, framing).await,
+    };
+    let a = &activity;
+    a.read_at_answer.store(a.read.load(Ordering::Relaxed) - buf.len() as u64, Ordering::Relaxed);
+    a.answered.fetch_add(1, Ordering::Release);
+    if !sent {
+        // The body failed: what was gathered goes out, this answer's head and what of its
+        // body came, and the connection closes: the client sees the answer cut short (as
+        // under hyper), never takes it for whole.
+        flush(stream, guard, out).await;
+        return Then::Close;
     }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
+    if last {
+        if flush(stream, guard, out).await {
+            let _ = stream.shutdown().await;
+        }
+        return Then::Close;
     }
-
-    /// Whether it should be written before more is added.
-    fn full(&self) -> bool {
-        self.len >= OUT_SIZE || self.bodies.len() >= MAX_BODIES
-    }
+    Then::Next
 }
 
 /// Writes the gathered answers, in one vectored write unless the socket takes less; `false`
 /// if the connection failed or must close.
 async fn flush(stream: &mut TcpStream, guard: &mut Guard, out: &mut Out) -> bool {
-    let mut iov = [IoSlice::new(&[]); 2 * MAX_BODIES + 1];
-    let mut n = 0;
-    let mut at = 0;
-    for (end, body) in &out.bodies {
-        iov[n] = IoSlice::new(&out.bytes[at..*end]);
-        iov[n + 1] = IoSlice::new(body);
-        (n, at) = (n + 2, *end);
-    }
-    iov[n] = IoSlice::new(&out.bytes[at..]);
-    let mut slices = &mut iov[..n + 1];
+    let mut iov = [IoSlice::new(&[]); MAX_SLICES];
+    let n = out.slices(&mut iov);
+    let mut slices = &mut iov[..n];
     let ok = loop {
         if slices.iter().all(|s| s.is_empty()) {
             break true;
@@ -324,9 +326,7 @@ async fn flush(stream: &mut TcpStream, guard: &mut Guard, out: &mut Out) -> bool
             Err(_) => break false,
         }
     };
-    out.bytes.clear();
-    out.bodies.clear();
-    out.len = 0;
+    out.clear();
     ok
 }
 
