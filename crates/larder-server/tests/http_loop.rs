@@ -97,3 +97,26 @@ fn a_client_that_does_not_read_holds_up_only_its_own_connection() {
     let got = answers(&mut slow, n);
     assert!(got.iter().all(|(st, b)| *st == 200 && *b == value), "an answer to the stalled client was cut or wrong");
 }
+
+/// A client that sends a batch and closes its side at once (the close may come with the
+/// last of the data, in one event) gets every answer, then the server's close: also when
+/// the answers pass what one write gathers, so that answering stops to write midway.
+#[test]
+fn a_client_that_closes_its_side_gets_every_answer_then_the_close() {
+    let s = Server::start(&[]);
+    let value = bytes(4, 24 << 10);
+    let mut c = s.client();
+    assert_eq!(c.put("/v", &value).status, 200);
+    assert_eq!(c.get("/v").status, 200);
+    for n in [1, 3, 40] {
+        let mut conn = TcpStream::connect(s.addr).unwrap();
+        conn.write_all(&get("/v").repeat(n)).unwrap();
+        conn.shutdown(std::net::Shutdown::Write).unwrap();
+        let got = answers(&mut conn, n);
+        assert!(got.iter().all(|(st, b)| *st == 200 && *b == value), "an answer of {n} was wrong");
+        let mut rest = Vec::new();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let closed = conn.read_to_end(&mut rest);
+        assert!(closed.is_ok() && rest.is_empty(), "after {n} answers: no close ({closed:?}), or more bytes");
+    }
+}

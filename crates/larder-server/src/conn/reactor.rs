@@ -99,20 +99,48 @@ struct Loop {
 /// What a connection does after an event.
 enum Next {
     Wait,
+    /// Served its share of this turn and may have more: served again before the loop waits.
+    Again,
     Close,
     Handover(Option<Pending>),
 }
+
+/// Why answering stopped.
+enum Stop {
+    /// The answers gathered are to be written before it goes on (or before the close).
+    Write,
+    /// No whole request is left at the front of the buffer; `body`: a head is, without all
+    /// of its body.
+    Short {
+        body: bool,
+    },
+    Handover(Option<Pending>),
+    /// An answer panicked: the connection closes, as its task's end would close it on the
+    /// runtime.
+    Close,
+}
+
+/// Rounds of writing, answering and reading one connection gets per turn: a client that
+/// keeps sending does not hold up the others on its loop.
+const MAX_ROUNDS: usize = 16;
 
 impl Loop {
     fn run(mut self) {
         let mut events = Events::with_capacity(256);
         let mut swept = Instant::now();
+        // Connections that may have more to do without a new event (see `Next::Again`).
+        let mut ready: Vec<usize> = Vec::new();
         loop {
-            if let Err(e) = self.poll.poll(&mut events, Some(SWEEP)) {
+            let wait = if ready.is_empty() { SWEEP } else { Duration::ZERO };
+            if let Err(e) = self.poll.poll(&mut events, Some(wait)) {
                 if e.kind() != io::ErrorKind::Interrupted {
-                    tracing::error!(error = %e, "the HTTP event loop failed");
-                    return;
+                    tracing::error!(error = %e, "the HTTP event loop's wait failed");
+                    std::thread::sleep(Duration::from_millis(10));
                 }
+                continue;
+            }
+            for key in std::mem::take(&mut ready) {
+                self.serve(key, false, &mut ready);
             }
             for ev in events.iter() {
                 if ev.token() == WAKE {
@@ -121,17 +149,25 @@ impl Loop {
                     }
                     continue;
                 }
-                let key = ev.token().0;
-                let next = match self.conns.get_mut(key) {
-                    Some(c) => c.serve(self.poll.registry()),
-                    None => continue,
-                };
-                self.then(key, next);
+                self.serve(ev.token().0, ev.is_read_closed() || ev.is_error(), &mut ready);
             }
             if swept.elapsed() >= SWEEP {
                 swept = Instant::now();
                 self.sweep();
             }
+        }
+    }
+
+    fn serve(&mut self, key: usize, hup: bool, ready: &mut Vec<usize>) {
+        let next = match self.conns.get_mut(key) {
+            Some(c) => c.serve(self.poll.registry(), hup),
+            None => return,
+        };
+        match next {
+            // (A key in `ready` whose connection ended and was given to a newcomer only costs
+            // the newcomer a read that finds nothing.)
+            Next::Again => ready.push(key),
+            next => self.then(key, next),
         }
     }
 
@@ -164,7 +200,7 @@ impl Loop {
 
     fn then(&mut self, key: usize, next: Next) {
         match next {
-            Next::Wait => {}
+            Next::Wait | Next::Again => {}
             Next::Close => {
                 let mut c = self.conns.remove(key);
                 let _ = self.poll.registry().deregister(&mut c.stream);
@@ -185,21 +221,30 @@ impl Loop {
         let mut ended = Vec::new();
         for (key, c) in self.conns.iter_mut() {
             let a = &c.link.activity;
-            // Claimed for a newcomer, or given up on by the server (past its drain).
-            let mut end = a.claimed.load(Ordering::Relaxed) || c.done.is_closed();
+            // Given up on by the server (past its drain), or claimed for a newcomer: a claim
+            // is acted on between requests, with nothing left to write (as `native` hears it
+            // only at its wait for a request); the flag stays set until then.
+            let between = !c.blocked && c.out.is_empty();
+            let mut end = c.done.is_closed() || (between && a.claimed.load(Ordering::Relaxed));
             if !end && c.link.app.stopping() {
                 // Between requests and quiet for a while: close (a client still sending gets
                 // its next request answered, with `Connection: close`).
                 let quiet = coarse_ms().saturating_sub(a.moved_at.load(Ordering::Relaxed)) >= QUIET_BEFORE_CLOSE_MS;
-                end = quiet && a.between_requests() && c.buf.is_empty() && !c.blocked;
+                end = quiet && a.between_requests() && c.buf.is_empty() && between;
             }
             if !end && now >= c.due {
                 c.due = now + c.watchdog.period();
-                if let Some(head) = c.watchdog.expired(a) {
-                    if head {
-                        c.link.app.policy.late(Door::Http, Unit::Head);
+                match c.watchdog.expired(a) {
+                    // Answers the socket holds up are no slow head, whatever follows them in
+                    // the buffer (the idle timeout still applies).
+                    Some(true) if c.blocked => {}
+                    Some(head) => {
+                        if head {
+                            c.link.app.policy.late(Door::Http, Unit::Head);
+                        }
+                        end = true;
                     }
-                    end = true;
+                    None => {}
                 }
             }
             if end {
@@ -236,9 +281,13 @@ struct Conn {
 }
 
 impl Conn {
-    /// Serves what an event says is ready: writes what was held up, reads, answers.
-    fn serve(&mut self, registry: &Registry) -> Next {
-        loop {
+    /// Serves what an event says is ready: writes what was held up, answers every whole
+    /// request buffered, and reads only once none is left (as `native` does: the buffer stays
+    /// bounded, and a client that sends faster than it reads meets TCP's backpressure).
+    /// `hup`: the event said the client closed its side, perhaps behind the data it sent.
+    fn serve(&mut self, registry: &Registry, hup: bool) -> Next {
+        let mut drained = false;
+        for _ in 0..MAX_ROUNDS {
             if self.blocked || !self.out.is_empty() {
                 match self.flush(registry) {
                     Ok(true) => {}
@@ -250,37 +299,38 @@ impl Conn {
                 let _ = self.stream.shutdown(std::net::Shutdown::Write);
                 return Next::Close;
             }
-            let drained = match self.read() {
+            if self.done.is_closed() {
+                return Next::Close; // the server gave up on its connections
+            }
+            match self.answer() {
+                Stop::Write => continue,
+                Stop::Handover(pending) => return Next::Handover(pending),
+                Stop::Close => return Next::Close,
+                // A body not all here once the socket is read to its end goes to hyper,
+                // which keeps the body's minimum rate (as `native` does).
+                Stop::Short { body: true } if drained || self.eof => return Next::Handover(None),
+                Stop::Short { .. } => {}
+            }
+            if !self.out.is_empty() {
+                continue; // written before the next read
+            }
+            if self.eof {
+                return Next::Close; // every whole request before the close was answered
+            }
+            if drained {
+                return Next::Wait;
+            }
+            drained = match self.read(hup) {
                 Ok(drained) => drained,
                 Err(_) => return Next::Close,
             };
-            let more = match self.answer() {
-                (Next::Wait, more) => more,
-                (other, _) => return other,
-            };
-            if !self.out.is_empty() {
-                match self.flush(registry) {
-                    Ok(true) => {}
-                    Ok(false) => return Next::Wait,
-                    Err(_) => return Next::Close,
-                }
-            }
-            if self.closing {
-                let _ = self.stream.shutdown(std::net::Shutdown::Write);
-                return Next::Close;
-            }
-            if self.eof {
-                return Next::Close; // every request before the close was answered
-            }
-            if drained && !more {
-                return Next::Wait;
-            }
         }
+        Next::Again
     }
 
     /// One read into the buffer: `true` if it took all the socket held (a later arrival is a
-    /// new event), `false` if there may be more.
-    fn read(&mut self) -> io::Result<bool> {
+    /// new event), `false` if there may be more. After a `hup`, only the end says so.
+    fn read(&mut self, hup: bool) -> io::Result<bool> {
         if self.eof {
             return Ok(true);
         }
@@ -300,7 +350,7 @@ impl Conn {
                     let a = &self.link.activity;
                     a.read.fetch_add(n as u64, Ordering::Relaxed);
                     a.moved_at.store(coarse_ms(), Ordering::Relaxed);
-                    return Ok(n < room);
+                    return Ok(n < room && !hup);
                 }
                 Err(rustix::io::Errno::AGAIN) => return Ok(true),
                 Err(rustix::io::Errno::INTR) => continue,
@@ -309,35 +359,38 @@ impl Conn {
         }
     }
 
-    /// Answers every whole request in the buffer whose answer is ready at once, in order;
-    /// with `true` if it stopped to have the answers written before going on.
-    fn answer(&mut self) -> (Next, bool) {
+    /// Answers every whole request at the front of the buffer whose answer is ready at once,
+    /// in order.
+    fn answer(&mut self) -> Stop {
         let app = &self.link.app;
         let activity = &self.link.activity;
         let max_head = (app.settings.max_header_size as usize).max(64);
         loop {
             if self.out.full() {
-                return (Next::Wait, true); // written before more is answered
+                return Stop::Write; // written before more is answered
             }
             let buf = &self.buf;
             if self.scanned > 0 && buf.len() < max_head && !h1::head_ends(buf, self.scanned) {
                 self.scanned = buf.len();
-                return (Next::Wait, false);
+                return Stop::Short { body: false };
             }
             let head = match h1::parse(buf, max_head) {
                 Parsed::Partial => {
                     self.scanned = buf.len();
-                    return (Next::Wait, false);
+                    return Stop::Short { body: false };
                 }
-                Parsed::Other => return (Next::Handover(None), false),
+                Parsed::Other => return Stop::Handover(None),
                 Parsed::Request(head) => head,
             };
-            // As `native` takes them: a body whole and no longer than a chunk; the socket was
-            // read to its end, so a body not all here is left to hyper, which keeps its rate.
+            // As `native` takes them: a body whole and no longer than a chunk (a longer one is
+            // streamed, by hyper).
             let max_body = app.store.get().map_or(0, |st| st.config().chunk_size as usize);
+            if head.body > max_body {
+                return Stop::Handover(None);
+            }
             let whole = head.len + head.body;
-            if head.body > max_body || buf.len() < whole {
-                return (Next::Handover(None), false);
+            if buf.len() < whole {
+                return Stop::Short { body: true };
             }
             activity.started.fetch_add(1, Ordering::Relaxed);
             let body = Bytes::copy_from_slice(&buf[head.len..whole]);
@@ -346,16 +399,20 @@ impl Conn {
             let app2 = app.clone();
             let mut answer: Pin<Box<dyn Future<Output = Option<Resp>> + Send>> =
                 Box::pin(async move { handle_plain(&app2, &head, body, held).await });
-            let resp = match answer.as_mut().poll(&mut Context::from_waker(std::task::Waker::noop())) {
-                std::task::Poll::Pending => {
-                    return (Next::Handover(Some(Pending { method, close, whole, answer })), false);
-                }
-                std::task::Poll::Ready(None) => {
+            // A panic in an answer ends this connection, as it would end its task on the
+            // runtime, and not the loop with every other connection on it.
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                answer.as_mut().poll(&mut Context::from_waker(std::task::Waker::noop()))
+            }));
+            let resp = match polled {
+                Err(_) => return Stop::Close,
+                Ok(std::task::Poll::Pending) => return Stop::Handover(Some(Pending { method, close, whole, answer })),
+                Ok(std::task::Poll::Ready(None)) => {
                     // Not the key API's after all: hyper answers it, from its first byte.
                     activity.answered.fetch_add(1, Ordering::Release);
-                    return (Next::Handover(None), false);
+                    return Stop::Handover(None);
                 }
-                std::task::Poll::Ready(Some(resp)) => resp,
+                Ok(std::task::Poll::Ready(Some(resp))) => resp,
             };
             let (mut parts, body) = resp.into_parts();
             let data = match body {
@@ -363,7 +420,7 @@ impl Conn {
                 body => {
                     // A large value, streamed: the runtime sends it.
                     let answer = Box::pin(std::future::ready(Some(Resp::from_parts(parts, body))));
-                    return (Next::Handover(Some(Pending { method, close, whole, answer })), false);
+                    return Stop::Handover(Some(Pending { method, close, whole, answer }));
                 }
             };
             self.buf.advance(whole);
@@ -377,7 +434,7 @@ impl Conn {
             a.answered.fetch_add(1, Ordering::Release);
             if last {
                 self.closing = true;
-                return (Next::Wait, false);
+                return Stop::Write;
             }
         }
     }
