@@ -210,6 +210,33 @@ def test_get_many_and_set_many(node: Node, make: Callable[..., Any]) -> None:
     assert got == {f"m/{i}": str(i).encode() for i in range(50)}
 
 
+def test_get_many_sends_each_batch_pipelined_on_one_connection(node: Node) -> None:
+    c = larder.Client(node.url)
+    c.set_many({f"p/{i}": str(i).encode() for i in range(200)})
+    c.close()
+    c = larder.Client(node.url)
+    opened: List[Any] = []
+    connect = c._wire._connect
+
+    def counting(n: str) -> Any:
+        opened.append(n)
+        return connect(n)
+
+    c._wire._connect = counting  # type: ignore[method-assign]
+    keys = [f"p/{i}" for i in range(250)]  # 50 without a value
+    assert c.get_many(keys) == {f"p/{i}": str(i).encode() for i in range(200)}
+    # 250 keys are three batches (100, 100, 50), each on a connection of its own at most;
+    # one request per connection would have opened as many as the pool holds.
+    assert 1 <= len(opened) <= 3, opened
+    # Again on the pooled sockets; then after a restart, on sockets the node closed while
+    # they were idle, which are replaced.
+    assert c.get_many(keys[:150]) == {f"p/{i}": str(i).encode() for i in range(150)}
+    node.stop()
+    node.start()
+    assert c.get_many(keys) == {f"p/{i}": str(i).encode() for i in range(200)}
+    assert c.get_many([]) == {}
+
+
 def test_streaming_a_file_in_and_out(node: Node, make: Callable[..., Any], tmp_path: Any) -> None:
     c = make(node.url)
     data = bytes(range(256)) * 20_000  # 5 MB: chunked on the server too

@@ -22,6 +22,9 @@ from ._serial import Codec, Serializer, for_memoize, resolve
 
 T = TypeVar("T")
 _MISSING = object()
+# Requests of one pipelined batch of ``get_many``: small enough that the requests sit in the
+# socket's buffers while the server answers them (it answers a batch in one write).
+_BATCH = 100
 _METHODS = {m: m.encode("ascii") for m in ("GET", "HEAD", "PUT", "DELETE", "PATCH", "POST")}
 
 
@@ -150,15 +153,47 @@ class Client(Routing):
         return Reader(r)
 
     def get_many(self, keys: Iterable[Key]) -> Dict[Key, Any]:
-        """The values of ``keys`` that have one, fetched concurrently over pooled connections.
-        A key whose node cannot answer is a miss (absent, as a key without a value), so one
-        node down costs its keys only; with ``miss_on_unavailable=False`` the call raises
-        ``Unavailable`` with ``partial`` (the values read) and ``failed`` (those keys)."""
+        """The values of ``keys`` that have one: each node's keys sent as pipelined batches on
+        one of its connections (one write of up to ``_BATCH`` requests, the answers read back
+        in order), the nodes concurrently. A key whose node cannot answer is a miss (absent, as
+        a key without a value), so one node down costs its keys only; with
+        ``miss_on_unavailable=False`` the call raises ``Unavailable`` with ``partial`` (the
+        values read) and ``failed`` (those keys)."""
         keys = list(keys)
-        values = self._map(lambda k: _try(lambda: self.get(k, _MISSING)), keys)
+        batches: Dict[str, List[int]] = {}
+        targets: List[bytes] = []
+        for i, k in enumerate(keys):
+            node, target = self.target(k)
+            batches.setdefault(node, []).append(i)
+            targets.append(target)
+        work = [(node, idx[at : at + _BATCH]) for node, idx in batches.items() for at in range(0, len(idx), _BATCH)]
+        values: List[Any] = [_MISSING] * len(keys)
+
+        def fetch(batch: "tuple[str, List[int]]") -> None:
+            node, idx = batch
+            try:
+                answers = self._wire.pipeline(node, [(b"GET", targets[i], self._head) for i in idx])
+            except Unavailable as e:
+                for i in idx:
+                    values[i] = _Failed(e)
+                return
+            for i, r in zip(idx, answers):
+                values[i] = self._value_of(r)
+
+        self._map(fetch, work)
         got = {k: v for k, v in zip(keys, values) if v is not _MISSING and not isinstance(v, _Failed)}
         _settle("get_many", keys, values, got, not self.miss_on_unavailable)
         return got
+
+    def _value_of(self, r: Any) -> Any:
+        """A GET's answer as ``get`` reads it: the value, ``_MISSING``, or ``_Failed`` for a
+        node that cannot answer; a refusal raises."""
+        if r.status == 404:
+            return _MISSING
+        if r.status >= 500:
+            return _Failed(Unavailable(f"GET {r.geturl()}: {r.status} {_message(r)}"))
+        _check(r)
+        return self._serializer.loads(r.data)
 
     # -- writing ----------------------------------------------------------------------------
 

@@ -117,6 +117,79 @@ class Wire:
         except _Stale as e:  # a new socket is never stale: the node went away mid-answer
             raise Unavailable(f"{method.decode()} {node}{path.decode()}: {e}") from None
 
+    def pipeline(self, node: str, requests: List[Tuple[bytes, bytes, bytes]]) -> List[Response]:
+        """Bodiless requests (method, path, header lines) on one socket of ``node``: all sent in
+        one ``sendall``, their answers read in order from the same reads (a server answers a
+        pipelined batch in one write). As with ``request``, a reused socket that fails before a
+        byte of the first answer is replaced once; every request sent here is idempotent."""
+        host = self._hosts.get(node) or self._host(node)
+        msg = b"".join(b"%s %s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (m, p, host, h) for m, p, h in requests)
+        idle = self._idle.get(node)
+        while idle:
+            try:
+                c = idle.pop()
+            except IndexError:
+                break
+            try:
+                return self._batch(node, c, msg, requests, reused=True)
+            except _Stale:
+                continue
+        c = self._connect(node)
+        try:
+            return self._batch(node, c, msg, requests, reused=False)
+        except _Stale as e:
+            raise Unavailable(f"{len(requests)} requests to {node}: {e}") from None
+
+    def _batch(
+        self, node: str, c: _Conn, msg: bytes, requests: List[Tuple[bytes, bytes, bytes]], reused: bool
+    ) -> List[Response]:
+        s = c.sock
+        out: List[Response] = []
+        try:
+            try:
+                s.sendall(msg)
+            except (BrokenPipeError, ConnectionResetError) as e:
+                buf = _recv_some(s)
+                if not buf:
+                    raise (_Stale(str(e)) if reused else e) from e
+            else:
+                buf = s.recv(_RECV)
+                if not buf:
+                    if reused:
+                        raise _Stale("the node had closed the connection")
+                    raise ConnectionResetError("the node closed the connection")
+            reusable = True
+            for method, path, _ in requests:
+                if not reusable:
+                    raise ConnectionResetError("the node closed the connection before the batch was answered")
+                if not buf:
+                    buf = s.recv(_RECV)
+                    if not buf:
+                        raise ConnectionResetError("the node closed the connection mid-batch")
+                head, body, reusable, buf = _read_one(s, buf, method)
+                out.append(Response(int(head[9:12]), head, body, node, path))
+        except _Stale:
+            s.close()
+            raise
+        except (OSError, ValueError) as e:
+            s.close()
+            if isinstance(e, BlockingIOError):
+                raise Unavailable(f"{len(requests)} requests to {node}: no answer within {self._timeout}s") from e
+            raise Unavailable(f"{len(requests)} requests to {node}: {e}") from e
+        self._keep(c, node, reusable and not buf)
+        return out
+
+    def _keep(self, c: _Conn, node: str, reusable: bool) -> None:
+        """Pools a socket whose last answer left it clean, closes any other."""
+        if reusable:
+            idle = self._idle.get(node)
+            if idle is None:
+                idle = self._idle.setdefault(node, deque())  # one step: threads may race here
+            if len(idle) < self._size:
+                idle.append(c)
+                return
+        c.sock.close()
+
     def _host(self, node: str) -> bytes:
         host = urlsplit(node).netloc.encode("ascii")
         self._hosts[node] = host
@@ -177,16 +250,7 @@ class Wire:
             if isinstance(e, BlockingIOError):  # the kernel's bound ran out
                 raise Unavailable(f"{method.decode()} {node}{path.decode()}: no answer within {self._timeout}s") from e
             raise Unavailable(f"{method.decode()} {node}{path.decode()}: {e}") from e
-        if reusable:
-            idle = self._idle.get(node)
-            if idle is None:
-                idle = self._idle.setdefault(node, deque())  # one step: threads may race here
-            if len(idle) < self._size:
-                idle.append(c)
-            else:
-                s.close()
-        else:
-            s.close()
+        self._keep(c, node, reusable)
         return Response(int(head[9:12]), head, body, node, path)
 
     def clear(self) -> None:
@@ -205,7 +269,15 @@ def _recv_some(s: socket.socket) -> bytes:
 
 def _read_answer(s: socket.socket, buf: bytes, method: bytes) -> Tuple[bytes, bytes, bool]:
     """The answer whose first bytes are ``buf``: its head, its body, and whether the socket may
-    be used again (it may not when the body's end is the connection's, or the server closes)."""
+    be used again (it may not when the body's end is the connection's, or the server closes,
+    or sent bytes nobody asked for)."""
+    head, body, reusable, rest = _read_one(s, buf, method)
+    return head, body, reusable and not rest
+
+
+def _read_one(s: socket.socket, buf: bytes, method: bytes) -> Tuple[bytes, bytes, bool, bytes]:
+    """``_read_answer``, and the bytes read past the answer's end (the next answer's, when
+    requests were pipelined)."""
     end = buf.find(b"\r\n\r\n")
     while end < 0:
         if len(buf) > 1 << 20:
@@ -228,17 +300,15 @@ def _read_answer(s: socket.socket, buf: bytes, method: bytes) -> Tuple[bytes, by
         te = _field(lower, b"transfer-encoding")
         if te is not None:
             if te.split(b",")[-1].strip() != b"chunked":
-                return head, _to_eof(s, rest), False  # its end is the connection's
+                return head, _to_eof(s, rest), False, b""  # its end is the connection's
             data, rest = _chunked(s, rest)
-            return head, data, reusable and not rest
+            return head, data, reusable, rest
         cl = _field(lower, b"content-length")
         if cl is None:
-            return head, _to_eof(s, rest), False
+            return head, _to_eof(s, rest), False, b""
         length = int(cl)
-    if len(rest) > length:
-        return head, rest[:length], False  # bytes nobody asked for: never reused
-    if len(rest) == length:
-        return head, rest, reusable
+    if len(rest) >= length:
+        return head, rest[:length], reusable, rest[length:]
     # The body into a buffer of its size (no copy of what came before per read).
     body = bytearray(length)
     body[: len(rest)] = rest
@@ -249,7 +319,7 @@ def _read_answer(s: socket.socket, buf: bytes, method: bytes) -> Tuple[bytes, by
         if n == 0:
             raise ConnectionResetError("the node closed the connection mid-answer")
         have += n
-    return head, bytes(body), reusable
+    return head, bytes(body), reusable, b""
 
 
 def _field(lower_head: bytes, name: bytes) -> Optional[bytes]:
