@@ -15,6 +15,7 @@ mod guard;
 mod h1;
 mod headers;
 mod key;
+mod lanes;
 mod lifecycle;
 mod memcache;
 mod metrics;

@@ -11,7 +11,7 @@ use std::path::Path;
 /// Bottom to top. A module may use the modules of the layers before its own, never one of its
 /// own layer (other than itself) or above.
 const LAYERS: &[&[&str]] = &[
-    &["headers", "key", "cluster", "h1"],
+    &["headers", "key", "cluster", "h1", "lanes"],
     &["config"],
     &["guard", "metrics", "reply"],
     &["app"],

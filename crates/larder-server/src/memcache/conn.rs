@@ -8,12 +8,12 @@ use super::listener::{Entry, Listener};
 use crate::app::App;
 use crate::guard::budget::{Charge, FREE_INPUT};
 use crate::guard::{BodyClock, Door, Identity, Unit};
+use crate::lanes::LaneStream;
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 /// Answers are written once this much has gathered, even with more commands waiting: a
@@ -30,7 +30,7 @@ pub enum End {
 /// A connection's state: its socket, what was read and not yet used, answers not yet written.
 pub struct Conn {
     pub app: Arc<App>,
-    stream: TcpStream,
+    stream: LaneStream,
     pub input: BytesMut,
     pub out: Out,
     entry: Arc<Entry>,
@@ -66,7 +66,7 @@ enum Reading {
 impl Conn {
     pub fn new(
         listener: Arc<Listener>,
-        stream: TcpStream,
+        stream: LaneStream,
         close: oneshot::Receiver<()>,
         id: u64,
         entry: Arc<Entry>,
@@ -417,7 +417,7 @@ impl Out {
 
     /// Writes everything, vectored, and empties the buffer. Fails when a write makes no
     /// progress for `idle` (unless zero).
-    async fn write_to(&mut self, stream: &mut TcpStream, idle: Duration) -> std::io::Result<()> {
+    async fn write_to(&mut self, stream: &mut LaneStream, idle: Duration) -> std::io::Result<()> {
         self.seal();
         let (mut i, mut at) = (0, 0);
         let result = loop {

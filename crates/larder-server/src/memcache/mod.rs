@@ -70,6 +70,15 @@ pub async fn run(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Rece
         dumps: tokio::sync::Semaphore::new(1),
         log: logs::Log::default(),
     });
+    // Each connection's session runs on a lane (one thread per core, see `lanes`).
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let lanes = match crate::lanes::Lanes::start(n, "larder-mc", tokio::runtime::Handle::current()) {
+        Ok(lanes) => lanes,
+        Err(e) => {
+            tracing::error!(error = %e, "the memcached door cannot start its threads; it is closed");
+            return;
+        }
+    };
     let mut conns = JoinSet::new();
     let mut clock = tokio::time::interval(CLOCK_TICK);
     clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -88,9 +97,16 @@ pub async fn run(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Rece
                 Ok((stream, peer)) => {
                     counters().total_connections.fetch_add(1, Ordering::Relaxed);
                     match l.admit(peer) {
-                        Some((id, entry, close)) => {
-                            conns.spawn(serve(l.clone(), stream, close, id, entry));
-                        }
+                        Some((id, entry, close)) => match stream.into_std() {
+                            Ok(stream) => {
+                                let _ = stream.set_nodelay(true);
+                                let l = l.clone();
+                                conns.spawn(lanes.run(stream, move |s| serve(l, s, close, id, entry)));
+                            }
+                            Err(_) => {
+                                l.registry.lock().open.remove(&id); // closed at once
+                            }
+                        },
                         None => {
                             counters().rejected_connections.fetch_add(1, Ordering::Relaxed);
                             conns.spawn(refuse(stream));
@@ -129,8 +145,13 @@ async fn refuse(mut stream: TcpStream) {
 
 /// Serves one connection: commands are read, run in order and answered; answers to
 /// pipelined commands go out in one write once no complete command is left to run.
-async fn serve(l: Arc<Listener>, stream: TcpStream, close: oneshot::Receiver<()>, id: u64, entry: Arc<Entry>) {
-    let _ = stream.set_nodelay(true);
+async fn serve(
+    l: Arc<Listener>,
+    stream: crate::lanes::LaneStream,
+    close: oneshot::Receiver<()>,
+    id: u64,
+    entry: Arc<Entry>,
+) {
     counters().curr_connections.fetch_add(1, Ordering::Relaxed);
     let mut c = Conn::new(l.clone(), stream, close, id, entry);
     let _ = session::run(&mut c).await;
