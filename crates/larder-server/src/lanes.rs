@@ -28,6 +28,29 @@ const WRITE: u8 = 2;
 const HUP: u8 = 4;
 
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Reads and writes a task makes in one poll before it yields to the others on its lane (as
+/// tokio's task budget does): a client that pipelines without end does not hold its lane.
+const BUDGET: u32 = 128;
+
+thread_local! {
+    static LEFT: std::cell::Cell<u32> = const { std::cell::Cell::new(BUDGET) };
+}
+
+/// Whether the polled task may do one more read or write now; if not, it is woken to go on
+/// after the others.
+fn spend(cx: &Context<'_>) -> bool {
+    LEFT.with(|left| match left.get() {
+        0 => {
+            cx.waker().wake_by_ref();
+            false
+        }
+        n => {
+            left.set(n - 1);
+            true
+        }
+    })
+}
 type Start = Box<dyn FnOnce(LaneStream) -> Task + Send>;
 
 /// The lanes, given connections in turn.
@@ -73,7 +96,13 @@ impl Lanes {
             let (runtime, mine) = (runtime.clone(), shared.clone());
             std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
                 let _entered = runtime.enter();
-                Loop { poll, registry, shared: mine, tasks: slab::Slab::new() }.run()
+                let lane = Loop { poll, registry, shared: mine, tasks: slab::Slab::new() };
+                // Tasks' panics are caught; one that escapes is a fault of the lane itself, whose
+                // connections would hang unseen: the process stops, loudly.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lane.run())).is_err() {
+                    tracing::error!("a lane failed; stopping");
+                    std::process::abort();
+                }
             })?;
             lanes.push(shared);
         }
@@ -91,10 +120,11 @@ impl Lanes {
         let (mut done, ended) = tokio::sync::oneshot::channel::<()>();
         let start: Start = Box::new(move |s| {
             Box::pin(async move {
+                // The handle dropped (an abort) ends the task before it runs another step.
                 tokio::select! {
                     biased;
-                    _ = start(s) => {}
                     _ = done.closed() => {}
+                    _ = start(s) => {}
                 }
             })
         });
@@ -205,10 +235,12 @@ impl Loop {
     fn poll_task(&mut self, key: usize) {
         let Some(e) = self.tasks.get_mut(key) else { return };
         let mut cx = Context::from_waker(&e.waker);
+        LEFT.with(|left| left.set(BUDGET));
         // A panic ends its task (as on the runtime), not the lane with every other task on it.
         let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.task.as_mut().poll(&mut cx)));
         if !matches!(polled, Ok(Ready::Pending)) {
-            self.tasks.remove(key);
+            let tasks = &mut self.tasks;
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(tasks.remove(key))));
         }
     }
 }
@@ -252,7 +284,10 @@ impl LaneStream {
             }
             r => {
                 if self.writing {
-                    self.watch_writes(false)?;
+                    // (Left watched, a socket only costs a wake-up more; the write is done.)
+                    if let Err(e) = self.watch_writes(false) {
+                        tracing::debug!(error = %e, "a socket could not stop being watched for writes");
+                    }
                 }
                 Ready::Ready(r)
             }
@@ -261,11 +296,11 @@ impl LaneStream {
 }
 
 impl AsyncRead for LaneStream {
-    fn poll_read(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Ready<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Ready<io::Result<()>> {
         let this = self.get_mut();
         // Empty since the last read, and no event since: the lane polls again when one comes.
         let bits = this.ready.load(Ordering::Relaxed);
-        if bits & (READ | HUP) == 0 {
+        if bits & (READ | HUP) == 0 || !spend(cx) {
             return Ready::Pending;
         }
         loop {
@@ -296,8 +331,11 @@ impl AsyncRead for LaneStream {
 }
 
 impl AsyncWrite for LaneStream {
-    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Ready<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Ready<io::Result<usize>> {
         use std::io::Write;
+        if !spend(cx) {
+            return Ready::Pending;
+        }
         let this = self.get_mut();
         let r = this.io.write(buf);
         this.written(r)
@@ -305,9 +343,12 @@ impl AsyncWrite for LaneStream {
 
     fn poll_write_vectored(
         self: Pin<&mut Self>,
-        _: &mut Context<'_>,
+        cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Ready<io::Result<usize>> {
+        if !spend(cx) {
+            return Ready::Pending;
+        }
         let this = self.get_mut();
         let r = this.try_write_vectored(bufs);
         this.written(r)

@@ -73,7 +73,13 @@ impl Reactors {
             let runtime = runtime.clone();
             std::thread::Builder::new().name(format!("larder-http-{i}")).spawn(move || {
                 let _entered = runtime.enter();
-                Loop { poll, arrivals: rx, conns: slab::Slab::new() }.run()
+                let l = Loop { poll, arrivals: rx, conns: slab::Slab::new() };
+                // Answers' panics are caught; one that escapes is a fault of the loop itself,
+                // whose connections would hang unseen: the process stops, loudly.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.run())).is_err() {
+                    tracing::error!("an HTTP event loop failed; stopping");
+                    std::process::abort();
+                }
             })?;
             lanes.push((tx, waker));
         }

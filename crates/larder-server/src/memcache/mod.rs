@@ -100,12 +100,10 @@ pub async fn run(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Rece
                         Some((id, entry, close)) => match stream.into_std() {
                             Ok(stream) => {
                                 let _ = stream.set_nodelay(true);
-                                let l = l.clone();
-                                conns.spawn(lanes.run(stream, move |s| serve(l, s, close, id, entry)));
+                                let open = Open::new(l.clone(), id);
+                                conns.spawn(lanes.run(stream, move |s| serve(open, s, close, entry)));
                             }
-                            Err(_) => {
-                                l.registry.lock().open.remove(&id); // closed at once
-                            }
+                            Err(_) => drop(Open::new(l.clone(), id)), // closed at once
                         },
                         None => {
                             counters().rejected_connections.fetch_add(1, Ordering::Relaxed);
@@ -145,17 +143,29 @@ async fn refuse(mut stream: TcpStream) {
 
 /// Serves one connection: commands are read, run in order and answered; answers to
 /// pipelined commands go out in one write once no complete command is left to run.
-async fn serve(
+/// A connection counted open: in `curr_connections` and the registry until it is dropped,
+/// however its session ends (closed, aborted at a stop, panicked, or never started).
+struct Open {
     l: Arc<Listener>,
-    stream: crate::lanes::LaneStream,
-    close: oneshot::Receiver<()>,
     id: u64,
-    entry: Arc<Entry>,
-) {
-    counters().curr_connections.fetch_add(1, Ordering::Relaxed);
-    let mut c = Conn::new(l.clone(), stream, close, id, entry);
+}
+
+impl Open {
+    fn new(l: Arc<Listener>, id: u64) -> Open {
+        counters().curr_connections.fetch_add(1, Ordering::Relaxed);
+        Open { l, id }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        counters().curr_connections.fetch_sub(1, Ordering::Relaxed);
+        self.l.registry.lock().open.remove(&self.id);
+    }
+}
+
+async fn serve(open: Open, stream: crate::lanes::LaneStream, close: oneshot::Receiver<()>, entry: Arc<Entry>) {
+    let mut c = Conn::new(open.l.clone(), stream, close, open.id, entry);
     let _ = session::run(&mut c).await;
     c.close().await;
-    counters().curr_connections.fetch_sub(1, Ordering::Relaxed);
-    l.registry.lock().open.remove(&id);
 }
