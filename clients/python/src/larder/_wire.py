@@ -13,10 +13,12 @@ import socket
 import struct
 import weakref
 from collections import deque
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple, TypeVar
 from urllib.parse import urlsplit
 
 from ._errors import Unavailable
+
+T = TypeVar("T")
 
 # The first read of an answer: a small answer's head and body in one call. A larger buffer
 # costs more than the read itself (CPython allocates it whole, then shrinks it: 256 KiB took
@@ -99,23 +101,31 @@ class Wire:
             )
         else:
             msg = b"%s %s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (method, path, host, head)
+        return self._on_socket(
+            node,
+            lambda c, reused: self._exchange(node, c, msg, method, path, reused),
+            lambda: f"{method.decode()} {node}{path.decode()}",
+        )
+
+    def _on_socket(self, node: str, attempt: Callable[[_Conn, bool], T], what: Callable[[], str]) -> T:
+        """``attempt`` on an idle socket of ``node``, else on a new one. A socket the server
+        closed while idle fails before a byte of the answer (an empty read or a reset): the
+        attempt goes once more on another (``_Stale``)."""
         idle = self._idle.get(node)
-        # A socket the server closed while idle fails before a byte of the answer (an empty
-        # read or a reset): the request goes once more on another (``_Stale``).
         while idle:
             try:
                 c = idle.pop()
             except IndexError:
                 break
             try:
-                return self._exchange(node, c, msg, method, path, reused=True)
+                return attempt(c, True)
             except _Stale:
                 continue
         c = self._connect(node)
         try:
-            return self._exchange(node, c, msg, method, path, reused=False)
+            return attempt(c, False)
         except _Stale as e:  # a new socket is never stale: the node went away mid-answer
-            raise Unavailable(f"{method.decode()} {node}{path.decode()}: {e}") from None
+            raise Unavailable(f"{what()}: {e}") from None
 
     def pipeline(self, node: str, requests: List[Tuple[bytes, bytes, bytes]]) -> List[Response]:
         """Bodiless requests (method, path, header lines) on one socket of ``node``: all sent in
@@ -124,21 +134,11 @@ class Wire:
         byte of the first answer is replaced once; every request sent here is idempotent."""
         host = self._hosts.get(node) or self._host(node)
         msg = b"".join(b"%s %s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (m, p, host, h) for m, p, h in requests)
-        idle = self._idle.get(node)
-        while idle:
-            try:
-                c = idle.pop()
-            except IndexError:
-                break
-            try:
-                return self._batch(node, c, msg, requests, reused=True)
-            except _Stale:
-                continue
-        c = self._connect(node)
-        try:
-            return self._batch(node, c, msg, requests, reused=False)
-        except _Stale as e:
-            raise Unavailable(f"{len(requests)} requests to {node}: {e}") from None
+        return self._on_socket(
+            node,
+            lambda c, reused: self._batch(node, c, msg, requests, reused),
+            lambda: f"{len(requests)} requests to {node}",
+        )
 
     def _batch(
         self, node: str, c: _Conn, msg: bytes, requests: List[Tuple[bytes, bytes, bytes]], reused: bool
@@ -146,18 +146,7 @@ class Wire:
         s = c.sock
         out: List[Response] = []
         try:
-            try:
-                s.sendall(msg)
-            except (BrokenPipeError, ConnectionResetError) as e:
-                buf = _recv_some(s)
-                if not buf:
-                    raise (_Stale(str(e)) if reused else e) from e
-            else:
-                buf = s.recv(_RECV)
-                if not buf:
-                    if reused:
-                        raise _Stale("the node had closed the connection")
-                    raise ConnectionResetError("the node closed the connection")
+            buf = _send(s, msg, reused)
             reusable = True
             for method, path, _ in requests:
                 if not reusable:
@@ -224,22 +213,7 @@ class Wire:
     def _exchange(self, node: str, c: _Conn, msg: bytes, method: bytes, path: bytes, reused: bool) -> Response:
         s = c.sock
         try:
-            try:
-                s.sendall(msg)
-            except (BrokenPipeError, ConnectionResetError) as e:
-                # The server may have answered early and closed without reading the rest (a
-                # refusal: 401, 413, 503): that answer is read below. With nothing to read,
-                # a reused socket had been closed while idle.
-                first = _recv_some(s)
-                if not first:
-                    raise (_Stale(str(e)) if reused else e) from e
-            else:
-                first = s.recv(_RECV)
-                if not first:
-                    if reused:
-                        raise _Stale("the node had closed the connection")
-                    raise ConnectionResetError("the node closed the connection")
-            head, body, reusable = _read_answer(s, first, method)
+            head, body, reusable = _read_answer(s, _send(s, msg, reused), method)
         except _Stale:
             s.close()
             raise
@@ -257,6 +231,25 @@ class Wire:
         for idle in self._idle.values():
             while idle:
                 idle.pop().sock.close()
+
+
+def _send(s: socket.socket, msg: bytes, reused: bool) -> bytes:
+    """Sends ``msg`` and returns the first bytes of the answer. The server may have answered
+    early and closed without reading the rest (a refusal: 401, 413, 503): that answer is
+    returned. With nothing to read, a reused socket had been closed while idle (``_Stale``)."""
+    try:
+        s.sendall(msg)
+    except (BrokenPipeError, ConnectionResetError) as e:
+        first = _recv_some(s)
+        if not first:
+            raise (_Stale(str(e)) if reused else e) from e
+        return first
+    first = s.recv(_RECV)
+    if not first:
+        if reused:
+            raise _Stale("the node had closed the connection")
+        raise ConnectionResetError("the node closed the connection")
+    return first
 
 
 def _recv_some(s: socket.socket) -> bytes:
