@@ -134,23 +134,24 @@ mod tests {
         iov[..n].iter().flat_map(|s| s.iter().copied()).collect()
     }
 
+    /// Two heads, each with a body sent by reference, and a tail.
+    fn sample() -> Out {
+        let mut out = Out::default();
+        out.extend(b"head one\r\n");
+        out.push(Bytes::from(vec![b'a'; 600]));
+        out.extend(b"head two\r\n");
+        out.push(Bytes::from(vec![b'b'; 700]));
+        out.extend(b"tail");
+        out
+    }
+
     #[test]
     fn advance_drops_exactly_what_was_written_across_heads_and_bodies() {
-        let mut whole = Out::default();
-        whole.extend(b"head one\r\n");
-        whole.push(Bytes::from(vec![b'a'; 600]));
-        whole.extend(b"head two\r\n");
-        whole.push(Bytes::from(vec![b'b'; 700]));
-        whole.extend(b"tail");
+        let whole = sample();
         let all = written(&whole);
         assert_eq!(all.len(), whole.len);
         for n in [0, 1, 10, 11, 609, 610, 620, 1320, all.len() - 1, all.len()] {
-            let mut out = Out::default();
-            out.extend(b"head one\r\n");
-            out.push(Bytes::from(vec![b'a'; 600]));
-            out.extend(b"head two\r\n");
-            out.push(Bytes::from(vec![b'b'; 700]));
-            out.extend(b"tail");
+            let mut out = sample();
             out.advance(n);
             assert_eq!(written(&out), all[n..], "after {n} bytes");
             assert_eq!(out.len, all.len() - n);
