@@ -136,30 +136,35 @@ impl Store {
     ) -> Result<Option<(parking_lot::MutexGuard<'_, Writer>, Current)>> {
         const ROUNDS: u32 = 3;
         let sh = &*self.disk;
+        if !look {
+            // A blind write depends on nothing stored: no lookup before the lock or under it.
+            let Some(w) = self.writer_lock(wait, need) else { return Ok(None) };
+            return Ok(Some((w, Current { loc: None, live: None })));
+        }
         let mut round = 0;
         loop {
             let last = round == ROUNDS;
             if last && !wait {
                 return Ok(None); // the blocking path reads under the lock
             }
-            let locked = (look && last).then(|| sh.writer.lock());
+            let locked = last.then(|| sh.writer.lock());
             let loc = sh.index.get(hash);
             // The whole generation: the location keeps only 7 bits of it.
             let generation = loc.and_then(|l| sh.ring.live_generation(l));
-            let live = match (look, loc) {
-                (true, Some(l)) => match sh.fetch_part(hash, l, key, Part::Nothing, !wait)? {
+            let live = match loc {
+                Some(l) => match sh.fetch_part(hash, l, key, Part::Nothing, !wait)? {
                     Got::WouldBlock => return Ok(None),
                     Got::Gone => None,
                     Got::Value(v, _) => Some((v.version(), v.expiry_ms)),
                 },
-                _ => None,
+                None => None,
             };
-            if look && locked.is_none() {
+            if locked.is_none() {
                 crate::pause::point("write.looked", key);
             }
             let Some(w) = locked.or_else(|| self.writer_lock(wait, need)) else { return Ok(None) };
             let now = sh.index.get(hash);
-            if !look || last || (same(now, loc) && now.and_then(|l| sh.ring.live_generation(l)) == generation) {
+            if last || (same(now, loc) && now.and_then(|l| sh.ring.live_generation(l)) == generation) {
                 return Ok(Some((w, Current { loc, live })));
             }
             round += 1;
