@@ -23,6 +23,24 @@ const MAX_HEADERS: usize = 32;
 /// in one such read keeps every close the same.
 pub const MAX_WITH_BODY: usize = 8 * 1024;
 
+/// Every header the key API's GET, HEAD, PUT and DELETE read (`routes::key_api`, `api`,
+/// `headers`): the others (`Host`, `User-Agent`, `Accept`…) change no answer, and a plain
+/// request's map holds only these, so that most requests build no map at all. A header read
+/// there must be added here (`tests/http_diff.rs` sends each of them both ways).
+const READ_BY_KEY_API: &[&str] = &[
+    "authorization",
+    "cache-control",
+    "content-length",
+    "content-type",
+    "if-match",
+    "if-modified-since",
+    "if-none-match",
+    "if-range",
+    "if-unmodified-since",
+    "range",
+    "x-ttl",
+];
+
 /// Longest target hyper takes (past it, its own 414).
 const MAX_TARGET: usize = u16::MAX as usize - 1;
 
@@ -83,7 +101,8 @@ pub fn parse(buf: &[u8], max_len: usize) -> Parsed {
         return Parsed::Other;
     }
     let path = target.split_once('?').map_or(target, |(p, _)| p).to_owned();
-    let mut map = HeaderMap::with_capacity(req.headers.len());
+    // Only the headers the key API reads are kept (the map allocates at its first).
+    let mut map = HeaderMap::new();
     let (mut body, mut close, mut has_length) = (0usize, false, false);
     for h in req.headers.iter() {
         let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else { return Parsed::Other };
@@ -108,6 +127,9 @@ pub fn parse(buf: &[u8], max_len: usize) -> Parsed {
             _ => {}
         }
         let Ok(value) = HeaderValue::from_bytes(h.value) else { return Parsed::Other };
+        if !READ_BY_KEY_API.contains(&name.as_str()) {
+            continue;
+        }
         map.append(name, value);
     }
     let bodiless = matches!(method, Method::GET | Method::HEAD | Method::DELETE);
@@ -257,6 +279,7 @@ mod tests {
         assert_eq!((h.method, h.path.as_str(), h.body, h.close), (Method::GET, "/a/b%20c", 0, false));
         assert_eq!(h.len, b"GET /a/b%20c?x=1 HTTP/1.1\r\nHost: h\r\nRange: bytes=0-1\r\n\r\n".len());
         assert_eq!(h.headers.get("range").unwrap(), "bytes=0-1");
+        assert!(h.headers.get("host").is_none(), "a header no answer reads is not kept");
         let h = request(b"PUT /k HTTP/1.1\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello");
         assert_eq!((h.method, h.body, h.close), (Method::PUT, 5, true));
         assert!(matches!(parse(b"GET /k HTTP/1.1\r\nHost:", 8192), Parsed::Partial));

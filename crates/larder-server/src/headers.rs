@@ -202,7 +202,19 @@ fn modified_secs(v: &Value) -> u64 {
 }
 
 pub fn last_modified(v: &Value) -> HeaderValue {
-    http_date(modified_secs(v))
+    // Values written in the same second share one (formatting a date is most of the cost of
+    // describing a value).
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(u64, HeaderValue)>> = const { std::cell::RefCell::new(None) };
+    }
+    let secs = modified_secs(v);
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        match &*last {
+            Some((s, value)) if *s == secs => value.clone(),
+            _ => last.insert((secs, http_date(secs))).1.clone(),
+        }
+    })
 }
 
 /// An IMF-fixdate (RFC 9110 §5.6.7), e.g. `Sun, 06 Nov 1994 08:49:37 GMT`, for `secs` since
