@@ -3,7 +3,8 @@
 //!
 //! Two parts:
 //! - **In RAM**: 100,000 keys of 4 KiB that fit both (memcached `-m 1024`, larder's memory tier
-//!   1 GiB); gets, uniform, alternating servers round by round.
+//!   1 GiB); uniform gets one in flight per connection, gets in pipelined batches of 100, and
+//!   sets, alternating servers round by round.
 //! - **Larger than RAM**: a million keys of 4 KiB with 64 MiB of RAM each: memcached `-m 64`
 //!   with a 4 GiB extstore file, larder `--memory-capacity 64MiB` with a 4 GiB ring. After the
 //!   sets: how many keys each still answers, and gets over the keys memcached kept (the
@@ -25,6 +26,14 @@ const MEMCACHED_PORT: u16 = 18_211;
 const LARDER_HTTP_PORT: u16 = 18_213;
 const RAM_KEYS: u64 = 100_000;
 const DISK_KEYS: u64 = 1_000_000;
+/// The measured loads in RAM: name, operation, key prefix, requests in flight per connection.
+/// The sets go to keys of their own: a replaced value is read from larder's disk tier until it
+/// is promoted again, which the next round's gets would measure instead.
+const RAM_PARTS: &[(&str, Kind, &str, usize)] = &[
+    ("ram gets", Kind::Get, "r", 1),
+    ("ram gets, batches of 100", Kind::Get, "r", 100),
+    ("ram sets", Kind::Put, "w", 1),
+];
 
 /// One measured run.
 #[derive(Debug, Clone, Serialize)]
@@ -171,7 +180,7 @@ fn paired(runs: &[McRun], part: &str) -> (f64, f64) {
 pub fn run_in(a: &CompareArgs, dir: &Path, machine: &str) -> Result<(String, serde_json::Value)> {
     let mut runs: Vec<McRun> = Vec::new();
     let mut md = format!(
-        "Machine: {machine}. Servers on core {}, one loader thread on core {}, 64 connections, one request in flight each; medians of {} alternating runs of {:?} (min–max in brackets).\n\n",
+        "Machine: {machine}. Servers on core {}, one loader thread on core {}, 64 connections, one request in flight each unless said; medians of {} alternating runs of {:?} (min–max in brackets).\n\n",
         a.server_core, a.loader_core, a.rounds, a.duration
     );
 
@@ -187,24 +196,42 @@ pub fn run_in(a: &CompareArgs, dir: &Path, machine: &str) -> Result<(String, ser
             load(s.port, "r", Kind::Get, Dist::Sequential, 0, RAM_KEYS, a.duration, Some(RAM_KEYS), 16)?;
         }
         for round in 1..=a.rounds {
-            for s in [&larder, &mc] {
-                let (summary, cpu) =
-                    measured(s, || load(s.port, "r", Kind::Get, Dist::Uniform, 0, RAM_KEYS, a.duration, None, 1))?;
-                eprintln!("[ram] round {round} {:<9} {:>8.0} get/s  cpu {cpu:.1} us/get", s.name, summary.req_per_s);
-                runs.push(McRun { part: "ram".into(), server: s.name.into(), round, summary, cpu_us_per_op: cpu });
+            for &(part, kind, prefix, pipeline) in RAM_PARTS {
+                for s in [&larder, &mc] {
+                    let (summary, cpu) = measured(s, || {
+                        load(s.port, prefix, kind, Dist::Uniform, 0, RAM_KEYS, a.duration, None, pipeline)
+                    })?;
+                    eprintln!(
+                        "[{part}] round {round} {:<9} {:>8.0} op/s  cpu {cpu:.1} us/op",
+                        s.name, summary.req_per_s
+                    );
+                    runs.push(McRun { part: part.into(), server: s.name.into(), round, summary, cpu_us_per_op: cpu });
+                }
             }
         }
-    }
-    let (l, m) = (row(&runs, "ram", "larder"), row(&runs, "ram", "memcached"));
-    if want("ram") {
         md.push_str(&format!(
-        "**In RAM**: {RAM_KEYS} keys of 4 KiB, uniform gets (memcached `-m 1024 -t 1`; larder `--memory-capacity 1GiB --promote-after 1`, every key read once before).\n\n\
-         | server | get/s (min–max) | p50 / p99 ms | server CPU µs/get |\n|---|---|---|---|\n\
-         | larder | {:.0} ({:.0}–{:.0}) | {:.2} / {:.2} | {:.1} |\n| memcached | {:.0} ({:.0}–{:.0}) | {:.2} / {:.2} | {:.1} |\n\n\
-         larder/memcached: {:.2}× get/s, {:.2}× CPU per get (medians of each); round by round, medians of the ratios: {:.2}× get/s, {:.2}× CPU per get.\n\n",
-        l.0, l.1, l.2, l.3, l.4, l.5, m.0, m.1, m.2, m.3, m.4, m.5, l.0 / m.0.max(1e-9), l.5 / m.5.max(1e-9),
-        paired(&runs, "ram").0, paired(&runs, "ram").1
-    ));
+            "**In RAM**: {RAM_KEYS} keys of 4 KiB, uniform (memcached `-m 1024 -t 1`; larder `--memory-capacity 1GiB --promote-after 1`, every key read once before): gets one in flight per connection, gets in pipelined batches of 100 a connection, and sets (larder's also go to a volume) one in flight.\n\n\
+             | load | server | op/s (min–max) | p50 / p99 ms | server CPU µs/op |\n|---|---|---|---|---|\n"
+        ));
+        let mut ratios = String::new();
+        for &(part, ..) in RAM_PARTS {
+            let (l, m) = (row(&runs, part, "larder"), row(&runs, part, "memcached"));
+            for (name, r) in [("larder", l), ("memcached", m)] {
+                md.push_str(&format!(
+                    "| {part} | {name} | {:.0} ({:.0}–{:.0}) | {:.2} / {:.2} | {:.1} |\n",
+                    r.0, r.1, r.2, r.3, r.4, r.5
+                ));
+            }
+            let (pr, pc) = paired(&runs, part);
+            ratios.push_str(&format!(
+                "- {part}: larder/memcached {:.2}× op/s, {:.2}× CPU per op (medians of each); round by round, medians of the ratios: {pr:.2}× op/s, {pc:.2}× CPU per op.\n",
+                l.0 / m.0.max(1e-9),
+                l.5 / m.5.max(1e-9),
+            ));
+        }
+        md.push('\n');
+        md.push_str(&ratios);
+        md.push('\n');
     }
     if !want("disk") {
         return Ok((md, serde_json::to_value(&runs)?));
