@@ -421,6 +421,18 @@ fn machine(dir: &Path) -> String {
     )
 }
 
+/// The space left on the file system of `dir`, for people.
+fn free_space(dir: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return "unknown space left".into() };
+    // SAFETY: a NUL-terminated path and a zeroed struct, which the call fills.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return "unknown space left".into();
+    }
+    format!("{:.1} GiB left", st.f_bavail as f64 * st.f_frsize as f64 / (1u64 << 30) as f64)
+}
+
 /// Runs the suite.
 pub fn run(a: CompareArgs) -> Result<()> {
     let started = Instant::now();
@@ -436,6 +448,8 @@ pub fn run(a: CompareArgs) -> Result<()> {
     } else {
         run_in(&a, &tmp, &machine).map(|(md, runs)| (md, serde_json::to_value(runs).unwrap_or_default()))
     };
+    // A server that cannot write answers 500s: the space left says whether that is why.
+    let result = result.map_err(|e| e.context(format!("the suite failed; {} at {}", free_space(&tmp), tmp.display())));
     let _ = std::fs::remove_dir_all(&tmp);
     let (md, runs) = result?;
     eprintln!("suite done in {:.0} s", started.elapsed().as_secs_f64());
