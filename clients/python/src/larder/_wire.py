@@ -101,6 +101,18 @@ class Wire:
             )
         else:
             msg = b"%s %s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (method, path, host, head)
+        # The common case first, without the retry's closures: an idle socket that answers.
+        idle = self._idle.get(node)
+        if idle:
+            try:
+                c = idle.pop()
+            except IndexError:
+                pass
+            else:
+                try:
+                    return self._exchange(node, c, msg, method, path, True)
+                except _Stale:
+                    pass
         return self._on_socket(
             node,
             lambda c, reused: self._exchange(node, c, msg, method, path, reused),
@@ -213,7 +225,7 @@ class Wire:
     def _exchange(self, node: str, c: _Conn, msg: bytes, method: bytes, path: bytes, reused: bool) -> Response:
         s = c.sock
         try:
-            head, body, reusable = _read_answer(s, _send(s, msg, reused), method)
+            head, body, reusable, rest = _read_one(s, _send(s, msg, reused), method)
         except _Stale:
             s.close()
             raise
@@ -224,7 +236,8 @@ class Wire:
             if isinstance(e, BlockingIOError):  # the kernel's bound ran out
                 raise Unavailable(f"{method.decode()} {node}{path.decode()}: no answer within {self._timeout}s") from e
             raise Unavailable(f"{method.decode()} {node}{path.decode()}: {e}") from e
-        self._keep(c, node, reusable)
+        # Bytes past the answer were never asked for: such a socket is not used again.
+        self._keep(c, node, reusable and not rest)
         return Response(int(head[9:12]), head, body, node, path)
 
     def clear(self) -> None:
@@ -260,17 +273,10 @@ def _recv_some(s: socket.socket) -> bytes:
         return b""
 
 
-def _read_answer(s: socket.socket, buf: bytes, method: bytes) -> Tuple[bytes, bytes, bool]:
-    """The answer whose first bytes are ``buf``: its head, its body, and whether the socket may
-    be used again (it may not when the body's end is the connection's, or the server closes,
-    or sent bytes nobody asked for)."""
-    head, body, reusable, rest = _read_one(s, buf, method)
-    return head, body, reusable and not rest
-
-
 def _read_one(s: socket.socket, buf: bytes, method: bytes) -> Tuple[bytes, bytes, bool, bytes]:
-    """``_read_answer``, and the bytes read past the answer's end (the next answer's, when
-    requests were pipelined)."""
+    """The answer whose first bytes are ``buf``: its head, its body, whether the socket may be
+    used again (not when the body's end is the connection's, or the server closes), and the
+    bytes read past the answer's end (the next answer's, when requests were pipelined)."""
     end = buf.find(b"\r\n\r\n")
     while end < 0:
         if len(buf) > 1 << 20:
