@@ -194,6 +194,8 @@ pub fn run_in(a: &CompareArgs, dir: &Path, machine: &str) -> Result<(String, ser
             load(s.port, "r", Kind::Put, Dist::Sequential, 0, RAM_KEYS, a.duration, Some(sets), 16)?;
             // One read of each key: larder's memory tier takes a value on its first read here.
             load(s.port, "r", Kind::Get, Dist::Sequential, 0, RAM_KEYS, a.duration, Some(RAM_KEYS), 16)?;
+            // The sets' keys too, so that every round's sets replace values, not add them.
+            load(s.port, "w", Kind::Put, Dist::Sequential, 0, RAM_KEYS, a.duration, Some(RAM_KEYS), 16)?;
         }
         for round in 1..=a.rounds {
             for &(part, kind, prefix, pipeline) in RAM_PARTS {

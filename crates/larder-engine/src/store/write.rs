@@ -58,7 +58,8 @@ impl Upload {
     }
 }
 
-/// What the index names for a key, as [`Store::lock_current`] saw it before the writer lock.
+/// What the index names for a key, as [`Store::lock_current`] saw it before the writer lock;
+/// for a blind write (one that does not look), nothing, whatever the index names.
 struct Current {
     loc: Option<Loc>,
     /// The version of the key's live value there (not a tombstone, expired or another key's),
