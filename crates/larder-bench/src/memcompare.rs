@@ -212,7 +212,7 @@ pub fn run_in(a: &CompareArgs, dir: &Path, machine: &str) -> Result<(String, ser
             }
         }
         md.push_str(&format!(
-            "**In RAM**: {RAM_KEYS} keys of 4 KiB, uniform (memcached `-m 1024 -t 1`; larder `--memory-capacity 1GiB --promote-after 1`, every key read once before): gets one in flight per connection, gets in pipelined batches of 100 a connection, and sets (larder's also go to a volume) one in flight.\n\n\
+            "**In RAM**: {RAM_KEYS} keys of 4 KiB, uniform (memcached `-m 1024 -t 1`; larder `--memory-capacity 1GiB --promote-after 1`, every key read once before, the sets' keys stored once before): gets one in flight per connection, gets in pipelined batches of 100 a connection, and sets (larder's also go to a volume) one in flight.\n\n\
              | load | server | op/s (min–max) | p50 / p99 ms | server CPU µs/op |\n|---|---|---|---|---|\n"
         ));
         let mut ratios = String::new();

@@ -126,10 +126,14 @@ pub fn parse(buf: &[u8], max_len: usize) -> Parsed {
             }
             _ => {}
         }
-        let Ok(value) = HeaderValue::from_bytes(h.value) else { return Parsed::Other };
         if !READ_BY_KEY_API.contains(&name.as_str()) {
+            // Held to the rule a map's value is (`http`'s), without copying it into one.
+            if !h.value.iter().all(|&b| (b >= 32 && b != 127) || b == b'\t') {
+                return Parsed::Other;
+            }
             continue;
         }
+        let Ok(value) = HeaderValue::from_bytes(h.value) else { return Parsed::Other };
         map.append(name, value);
     }
     let bodiless = matches!(method, Method::GET | Method::HEAD | Method::DELETE);
