@@ -53,6 +53,8 @@ pub struct CheckReport {
     pub notes: Vec<Finding>,
     /// Chunks of large values that died and whose bodies were freed (punched): free space.
     pub punched_chunks: u64,
+    /// Coded (compressed) records, each decoded and checked against its value's checksum.
+    pub coded_records: u64,
 }
 
 impl CheckReport {
@@ -257,6 +259,14 @@ fn check_volume(
                 if offset % (64 << 20) < header.padded_len() {
                     progress.bytes_done.store(done_before + offset, Ordering::Relaxed);
                 }
+                // A coded record's checksum covers its coded bytes: they must also decode.
+                if header.is_coded() {
+                    report.coded_records += 1;
+                    if let Some(why) = coded_body(file, offset, &header, vh.salt) {
+                        let what = format!("coded record of key {:?}: {why}", String::from_utf8_lossy(key));
+                        report.corrupt.push(finding(&path, Some(offset), what));
+                    }
+                }
                 // The scan trusts a chunk's header; its body is verified here.
                 if header.is_chunk() {
                     match chunk_body(file, offset, &header, vh.salt) {
@@ -309,6 +319,25 @@ fn check_volume(
         }
     }
     Ok(())
+}
+
+/// Why the coded record at `offset`, whose checksums the scan verified, does not decode to
+/// its value; `None` when it does.
+fn coded_body(file: &dyn io::FileIo, offset: u64, h: &Header, salt: u32) -> Option<String> {
+    let mut buf = vec![0u8; h.record_len() as usize];
+    match file.read_at_most(&mut buf, offset) {
+        Ok(n) if n == buf.len() => {}
+        Ok(_) => return Some("cut short".into()),
+        Err(e) => return Some(format!("unreadable: {e}")),
+    }
+    let r = match record::decode(&buf, salt) {
+        Ok(r) => r,
+        Err(e) => return Some(format!("{e:?}")),
+    };
+    let Some(c) = crate::format::meta::Meta::parse(r.meta).coded else {
+        return Some("no coding in its metadata".into());
+    };
+    crate::disk::decode_checked(&buf[r.value_range.0..r.value_range.1], &c).err()
 }
 
 enum ChunkBody {

@@ -16,7 +16,7 @@
 //! ```
 //!
 //! The modules form layers, each using only those listed before it (docs/ARCHITECTURE.md;
-//! `tests/architecture.rs` keeps it so): `error`, `pause`; `types`, `config`, `clock`,
+//! `tests/architecture.rs` keeps it so): `error`, `pause`; `types`; `config`, `clock`,
 //! `stats`; `format`; `io`, `twins`; `index`; `disk`; `recovery`; `memory`; `maintenance`; `store`;
 //! `check`.
 
@@ -48,7 +48,10 @@ mod store;
 pub mod check;
 
 pub use clock::now_ms;
-pub use config::{Eviction, ExpiryCap, FsyncPolicy, MemoryConfig, StoreConfig, MIN_VOLUME_SIZE};
+pub use config::{
+    Compression, Eviction, ExpiryCap, FsyncPolicy, MemoryConfig, StoreConfig, DEFAULT_COMPRESSION_MIN_SIZE,
+    MIN_VOLUME_SIZE,
+};
 pub use error::{Error, ErrorKind, Result};
 pub use format::meta::{MAX_ATTRS, MAX_CONTENT_TYPE};
 pub use format::record::MAX_KEY_LEN;
@@ -56,6 +59,6 @@ pub use io::{faults, FileIo};
 pub use stats::{DirState, DirStats, RecoveryProgress, RecoveryReport, Stats};
 pub use store::{KeyCursor, KeyInfo, Store, ValueReader, ValueWriter};
 pub use types::{
-    unmet, ByteRange, DeleteOptions, Expiry, Part, Position, Precondition, PutOptions, ReadOptions, Stored, Tier,
-    Touch, Value, Version,
+    unmet, ByteRange, Codec, CodedBytes, DeleteOptions, Expiry, Part, Position, Precondition, PutOptions, ReadOptions,
+    Stored, Tier, Touch, Value, Version,
 };

@@ -90,6 +90,20 @@ pub struct Stats {
     pub cas_refused: u64,
     /// Flushes for `StoreConfig::max_downtime`: at open, or after a stall while open.
     pub downtime_flushes: u64,
+    /// Values stored coded (`StoreConfig::compression`).
+    pub coded_puts: u64,
+    /// Bytes those values were sent with.
+    pub coded_logical_bytes: u64,
+    /// Bytes those values were stored in.
+    pub coded_stored_bytes: u64,
+    /// Values stored as sent although compression is on: the probe took them for compressed
+    /// or random data, so coding was not tried.
+    pub raw_probed: u64,
+    /// Values stored as sent because coding them saved less than an eighth.
+    pub raw_no_gain: u64,
+    /// Coded records whose checksum held but whose bytes did not decode to the value (also
+    /// in `corrupt_reads`): answered as misses.
+    pub decode_failures: u64,
     /// Bytes of disk the volume files occupy (less than `bytes_used` where holes were punched).
     pub allocated_bytes: u64,
     /// What the last recovery found.
@@ -169,6 +183,12 @@ pub(crate) struct Counters {
     pub capped_writes: AtomicU64,
     pub cas_refused: AtomicU64,
     pub downtime_flushes: AtomicU64,
+    pub coded_puts: AtomicU64,
+    pub coded_logical_bytes: AtomicU64,
+    pub coded_stored_bytes: AtomicU64,
+    pub raw_probed: AtomicU64,
+    pub raw_no_gain: AtomicU64,
+    pub decode_failures: AtomicU64,
 }
 
 /// Figures from a recovery, reported in stats.

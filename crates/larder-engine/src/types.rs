@@ -266,6 +266,18 @@ pub struct Value {
     /// Which tier answered. For a memory hit, `position` is where the value was read from
     /// when it was promoted (reinsertion may have moved the record since).
     pub tier: Tier,
+    /// The value's bytes as stored, when it is stored coded (`StoreConfig::compression`);
+    /// `data` is always the value itself.
+    pub coded: Option<CodedBytes>,
+}
+
+/// A value's coded bytes as stored, and the codec they decode with.
+#[derive(Debug, Clone)]
+pub struct CodedBytes {
+    /// The codec that decodes them.
+    pub codec: Codec,
+    /// The bytes as stored.
+    pub data: Bytes,
 }
 
 impl Value {
@@ -284,6 +296,69 @@ impl Value {
         self.data = self.data.slice(start as usize..end as usize);
         self.start = start;
         self
+    }
+}
+
+/// A value coding. Its number is what records store: never reuse one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Codec {
+    /// Zstandard (RFC 8878), one frame.
+    Zstd,
+    /// LZ4's block format, no header (the value's length is in the metadata).
+    Lz4,
+}
+
+impl Codec {
+    /// Every codec, with the name the command line and the stats use.
+    pub const ALL: [(Codec, &'static str); 2] = [(Codec::Zstd, "zstd"), (Codec::Lz4, "lz4")];
+
+    /// The number records store.
+    pub fn id(self) -> u8 {
+        match self {
+            Codec::Zstd => 1,
+            Codec::Lz4 => 2,
+        }
+    }
+
+    /// The codec a record names; `None` for one this build does not know.
+    pub fn from_id(id: u8) -> Option<Codec> {
+        match id {
+            1 => Some(Codec::Zstd),
+            2 => Some(Codec::Lz4),
+            _ => None,
+        }
+    }
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        Self::ALL.iter().find(|(c, _)| *c == self).map_or("?", |(_, n)| n)
+    }
+
+    /// The level used when none is given.
+    pub fn default_level(self) -> i32 {
+        match self {
+            Codec::Zstd => zstd::DEFAULT_COMPRESSION_LEVEL,
+            Codec::Lz4 => 0,
+        }
+    }
+
+    /// The levels the codec accepts, if it has levels.
+    pub fn levels(self) -> Option<std::ops::RangeInclusive<i32>> {
+        match self {
+            Codec::Zstd => Some(zstd::compression_level_range()),
+            Codec::Lz4 => None,
+        }
+    }
+}
+
+impl std::str::FromStr for Codec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Codec, String> {
+        let t = s.trim().to_ascii_lowercase();
+        Self::ALL.iter().find(|(_, n)| *n == t).map(|(c, _)| *c).ok_or_else(|| {
+            let names: Vec<_> = Self::ALL.iter().map(|(_, n)| *n).collect();
+            format!("unknown codec {s:?}: use one of {}, or none", names.join(", "))
+        })
     }
 }
 

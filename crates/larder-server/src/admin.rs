@@ -190,6 +190,17 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
                 "started_empty": s.recovery.started_empty,
                 "downtime_flushes": s.downtime_flushes,
                 "cas_refused": s.cas_refused,
+                "compression": serde_json::json!({
+                    "codec": app.settings.compression.codec.map_or("none", |c| c.name()),
+                    "level": app.settings.compression.codec.map(|_| app.settings.compression.level),
+                    "min_size": app.settings.compression.min_size,
+                    "coded_puts": s.coded_puts,
+                    "coded_logical_bytes": s.coded_logical_bytes,
+                    "coded_stored_bytes": s.coded_stored_bytes,
+                    "raw_probed": s.raw_probed,
+                    "raw_no_gain": s.raw_no_gain,
+                    "decode_failures": s.decode_failures,
+                }),
                 "cluster": app.settings.cluster.as_ref().map(|c| serde_json::json!({
                     "self": c.ring.nodes()[c.me].name,
                     "hash": c.ring.placement().name(),

@@ -93,6 +93,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                 expiry_cap: crate::guard::ring::foreign_cap(s),
                 max_downtime: s.max_downtime,
                 verify_cas: s.verify_cas,
+                compression: s.compression,
                 ..StoreConfig::new(&s.data_dir[0])
             };
             // Test builds only: log writes from the start, for a simulated power cut.

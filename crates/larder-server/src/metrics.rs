@@ -156,6 +156,12 @@ fn engine(s: &Stats) {
     gauge!("larder_recovery_duration_seconds").set(s.recovery.millis as f64 / 1000.0);
     counter!("larder_foreign_writes_total").absolute(s.capped_writes);
     counter!("larder_cas_refused_total").absolute(s.cas_refused);
+    counter!("larder_values_stored_total", "coding" => "coded").absolute(s.coded_puts);
+    counter!("larder_values_stored_total", "coding" => "raw_probed").absolute(s.raw_probed);
+    counter!("larder_values_stored_total", "coding" => "raw_no_gain").absolute(s.raw_no_gain);
+    counter!("larder_coded_logical_bytes_total").absolute(s.coded_logical_bytes);
+    counter!("larder_coded_stored_bytes_total").absolute(s.coded_stored_bytes);
+    counter!("larder_decode_failures_total").absolute(s.decode_failures);
     gauge!("larder_started_empty").set(if s.recovery.started_empty { 1.0 } else { 0.0 });
     counter!("larder_downtime_flushes_total").absolute(s.downtime_flushes);
     if let Some(ms) = s.recovery.down_ms {
@@ -198,6 +204,16 @@ fn describe() {
     c!("larder_cache_hits_total", "Value reads (GET) that found a value, by the tier that answered (memc, disk).");
     c!("larder_cache_misses_total", "Value reads (GET) that found nothing.");
     c!("larder_cas_refused_total", "--verify-cas: writes refused because the value did not hash to its key.");
+    c!(
+        "larder_values_stored_total",
+        "With --compression: values stored coded, or raw because the probe took them for compressed data (raw_probed) or coding saved under an eighth (raw_no_gain)."
+    );
+    c!("larder_coded_logical_bytes_total", Unit::Bytes, "Bytes of the values stored coded, as sent.");
+    c!("larder_coded_stored_bytes_total", Unit::Bytes, "Bytes those values were stored in.");
+    c!(
+        "larder_decode_failures_total",
+        "Coded values whose checksum held but which did not decode: answered as misses."
+    );
     c!(
         "larder_foreign_writes_total",
         "Ring awareness: writes of keys this node does not own, kept at most --foreign-ttl."

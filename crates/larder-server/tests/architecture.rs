@@ -75,7 +75,7 @@ const INNER: &[(&str, &[&[&str]])] = &[
     // loops, which hand one to the runtime's; the registry.
     ("conn", &[&["activity", "out"], &["via_hyper"], &["native"], &["reactor"], &["mod"]]),
     ("guard", &[&["budget", "ring"], &["mod"]]),
-    ("config", &[&["mod"]]),
+    ("config", &[&["compression", "token"], &["mod"]]),
     ("cli", &[&["client"], &["bench", "check", "fleet", "keys", "stats"], &["mod"]]),
 ];
 

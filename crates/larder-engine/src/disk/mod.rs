@@ -14,7 +14,7 @@ mod ring;
 pub(crate) use durable::{same, Undo};
 pub(crate) use flush::Flushes;
 pub(crate) use log::{Append, Writer};
-pub(crate) use read::{Fetch, Got, Record};
+pub(crate) use read::{decode_checked, Fetch, Got, Record};
 pub(crate) use ring::{Ring, NO_DIR};
 
 use crate::format::volume::VOLUME_HEADER_LEN;

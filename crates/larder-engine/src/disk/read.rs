@@ -4,11 +4,12 @@
 
 use super::Disk;
 use crate::clock::now_ms;
+use crate::format::codec::{self, Codec};
 use crate::format::large;
 use crate::format::meta::{self, Meta};
 use crate::format::record::{self, Header, HEADER_LEN, MAX_KEY_LEN};
 use crate::index::Loc;
-use crate::types::{ByteRange, Part, Position, Tier, Value};
+use crate::types::{ByteRange, CodedBytes, Part, Position, Tier, Value};
 use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -45,7 +46,9 @@ impl Record {
     }
 }
 
-/// What a read of part of a value found.
+/// What a read of part of a value found. Returned once per read and matched at once: boxing
+/// the value would cost an allocation a read to save a copy of a few hundred bytes.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Got {
     /// The value, and the generation of the record it was read from.
     Value(Value, u32),
@@ -123,11 +126,31 @@ impl Disk {
         let meta = Meta::parse(&buf[meta_at]);
         let content_type = meta.content_type.map(|t| buf.slice_ref(t));
         let attrs = meta.attrs.map(|a| buf.slice_ref(a));
+        let stored = buf.slice(rec.value.0..rec.value.1);
+        // The record checksum held for the coded bytes; the value must decode from them to
+        // exactly its own length and checksum, or it is damage, never served.
+        let (data, len, crc, coded) = match (h.is_coded(), meta.coded) {
+            (false, _) => (stored, h.value_len as u64, rec.value_crc, None),
+            (true, Some(c)) => match decode_checked(&stored, &c) {
+                Ok((value, codec)) => (value, c.len, c.crc, Some(CodedBytes { codec, data: stored })),
+                Err(err) => {
+                    self.ring.counters.decode_failures.fetch_add(1, Ordering::Relaxed);
+                    self.damaged(hash, loc, h.generation, err);
+                    return None;
+                }
+            },
+            (true, None) => {
+                self.ring.counters.decode_failures.fetch_add(1, Ordering::Relaxed);
+                self.damaged(hash, loc, h.generation, "a coded record without its coding");
+                return None;
+            }
+        };
         Some(Value {
-            data: buf.slice(rec.value.0..rec.value.1),
+            data,
             start: 0,
-            len: h.value_len as u64,
-            crc: rec.value_crc,
+            len,
+            crc,
+            coded,
             content_type,
             attrs,
             position: Position { volume: loc.slot as u32, offset: loc.offset, size: h.record_len() },
@@ -196,8 +219,18 @@ impl Disk {
                 Fetch::Record(r) => return self.fetch_large(hash, loc, key, r, part, nowait),
             });
         }
-        let len = h.value_len as u64;
         let meta = Meta::parse(meta_block);
+        if let (true, Some(c)) = (h.is_coded(), meta.coded) {
+            // A coded value is read and decoded whole for any part of it but its description.
+            if part != Part::Nothing {
+                return self.fetch_part(hash, loc, key, Part::Whole, nowait).map(|g| match g {
+                    Got::Value(v, g) => Got::Value(v.narrow(part), g),
+                    other => other,
+                });
+            }
+            return Ok(Got::Value(part_of(loc, &h, Bytes::new(), (0, c.len, c.crc), &meta), h.generation));
+        }
+        let len = h.value_len as u64;
         let (start, end) = match part {
             Part::Range(r) => r.resolve(len).unwrap_or((0, 0)),
             _ => (0, 0),
@@ -380,7 +413,23 @@ fn part_of(loc: Loc, h: &Header, data: Bytes, (start, len, crc): (u64, u64, u32)
         stored_ms: h.stored_ms,
         expiry_ms: h.expiry_ms,
         tier: Tier::Disk,
+        coded: None,
     }
+}
+
+/// The value coded as `c` says in `stored`, checked against its own length and CRC32C, and
+/// the codec that decoded it.
+pub(crate) fn decode_checked(stored: &[u8], c: &meta::Coded) -> std::result::Result<(Bytes, Codec), String> {
+    let codec = Codec::from_id(c.codec).ok_or_else(|| format!("a value coded with unknown codec {}", c.codec))?;
+    if c.dictionary != 0 {
+        return Err(format!("a value coded with dictionary {}, which this build cannot read", c.dictionary));
+    }
+    let len = usize::try_from(c.len).map_err(|_| "a coded value longer than memory".to_string())?;
+    let value = codec::decode(c.codec, stored, len).map_err(|e| format!("{codec:?} value did not decode: {e:?}"))?;
+    if crc32c::crc32c(&value) != c.crc {
+        return Err(format!("{codec:?} value decoded to other bytes than were stored"));
+    }
+    Ok((Bytes::from(value), codec))
 }
 
 /// Lets go of a [`Disk::pin`] when dropped.

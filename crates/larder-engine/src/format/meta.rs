@@ -11,6 +11,8 @@
 //!   reads instead of reading the whole value to check the record checksum.
 //! - [`TAG_ATTRS`]: application attributes, opaque to the engine (read-through mode keeps a
 //!   response's status and headers there).
+//! - [`TAG_CODED`]: in a coded record (`record::FLAG_CODED`), the codec, the dictionary (0:
+//!   none) and the value's own length and CRC32C; the record's value is the coded bytes.
 
 use bytes::{Buf, BufMut};
 
@@ -28,6 +30,8 @@ pub const TAG_FLAGS: u8 = 5;
 pub const TAG_STALE: u8 = 6;
 /// Entry tag: application attributes (opaque bytes, at most [`MAX_ATTRS`]).
 pub const TAG_ATTRS: u8 = 7;
+/// Entry tag: the coding of a coded record's value (see [`Coded`]).
+pub const TAG_CODED: u8 = 8;
 /// Longest attributes entry, in bytes: with the longest of every other entry, the block stays
 /// within the record format's limit.
 pub const MAX_ATTRS: usize = 3968;
@@ -54,6 +58,21 @@ pub struct Meta<'a> {
     pub stale: bool,
     /// Application attributes, if any were stored.
     pub attrs: Option<&'a [u8]>,
+    /// How the value is coded, in a coded record.
+    pub coded: Option<Coded>,
+}
+
+/// How a coded record's value bytes decode to the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Coded {
+    /// The codec's number (`codec::Codec::id`; one this build does not know fails to decode).
+    pub codec: u8,
+    /// The dictionary the coding used; 0 for none.
+    pub dictionary: u32,
+    /// The value's own length.
+    pub len: u64,
+    /// The value's own CRC32C.
+    pub crc: u32,
 }
 
 impl<'a> Meta<'a> {
@@ -71,6 +90,11 @@ impl<'a> Meta<'a> {
                 TAG_FLAGS if body.len() == 4 => m.flags = (&body[..]).get_u32_le(),
                 TAG_STALE => m.stale = true,
                 TAG_ATTRS => m.attrs = Some(body),
+                TAG_CODED if body.len() == 17 => {
+                    let mut b = body;
+                    let (codec, dictionary, len, crc) = (b.get_u8(), b.get_u32_le(), b.get_u64_le(), b.get_u32_le());
+                    m.coded = Some(Coded { codec, dictionary, len, crc });
+                }
                 TAG_LARGE if body.len() == 12 => {
                     let mut b = body;
                     m.large = Some((b.get_u64_le(), b.get_u32_le()));
@@ -228,6 +252,16 @@ pub fn encode_large(out: &mut Vec<u8>, len: u64, crc: u32) {
     out.put_u32_le(crc);
 }
 
+/// Appends the entry that says how a coded record's value decodes.
+pub fn encode_coded(out: &mut Vec<u8>, c: &Coded) {
+    out.put_u8(TAG_CODED);
+    out.put_u16_le(17);
+    out.put_u8(c.codec);
+    out.put_u32_le(c.dictionary);
+    out.put_u64_le(c.len);
+    out.put_u32_le(c.crc);
+}
+
 /// Appends the entry naming a chunk record's number in its value.
 pub fn encode_chunk(out: &mut Vec<u8>, index: u32) {
     out.put_u8(TAG_CHUNK);
@@ -283,7 +317,8 @@ mod tests {
             assert!(len.div_ceil(1 << shift) <= MAX_BLOCKS, "{len}");
         }
         // The largest metadata block, every entry at its longest, fits the record format's limit.
-        let longest = (3 + MAX_CONTENT_TYPE) + (3 + 1 + 4 * MAX_BLOCKS as usize) + (3 + 4) + 3 + (3 + 12) + (3 + 4);
+        let longest =
+            (3 + MAX_CONTENT_TYPE) + (3 + 1 + 4 * MAX_BLOCKS as usize) + (3 + 4) + 3 + (3 + 12) + (3 + 4) + (3 + 17);
         assert!(longest + 3 + MAX_ATTRS <= crate::format::record::MAX_META_LEN);
     }
 
@@ -298,6 +333,17 @@ mod tests {
         assert_eq!((m.attrs, m.content_type, m.flags), (Some(&b"newer"[..]), Some(&b"text/html"[..]), 7));
         assert_eq!(&new[..5], &[9, 2, 0, 0xaa, 0xbb], "an unknown entry stays");
         assert!(Meta::parse(&with_attrs(&new, None)).attrs.is_none());
+    }
+
+    #[test]
+    fn coded_entry_round_trips() {
+        let c = Coded { codec: 1, dictionary: 7, len: 4096, crc: 0xdead_beef };
+        let mut block = Vec::new();
+        encode(&mut block, Some(b"text/html"), None);
+        encode_coded(&mut block, &c);
+        let m = Meta::parse(&block);
+        assert_eq!((m.coded, m.content_type), (Some(c), Some(&b"text/html"[..])));
+        assert_eq!(Meta::parse(&with_attrs(&block, Some(b"a"))).coded, Some(c), "kept when attributes change");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! bytes written as zeros and skipped by count; a decoder checks lengths before it reads.
 
 pub mod alive;
+pub mod codec;
 pub mod dir_id;
 pub mod flush;
 pub mod hint;

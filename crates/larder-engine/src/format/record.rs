@@ -20,11 +20,16 @@ pub const MAGIC: u32 = u32::from_le_bytes([b'L', b'R', b'C', RECORD_VERSION]);
 /// them finds a magic it does not know, so it takes them for damage and never serves a chunk
 /// table as a value.
 pub const MAGIC_LARGE: u32 = u32::from_le_bytes([b'L', b'R', b'C', 2]);
+/// Magic of coded records (`FLAG_CODED`), version 3: a build that predates codings takes them
+/// for damage, never serving compressed bytes as a value.
+pub const MAGIC_CODED: u32 = u32::from_le_bytes([b'L', b'R', b'C', 3]);
 
 /// The magic a record with `flags` starts with.
 fn magic_of(flags: u16) -> u32 {
     if flags & (FLAG_CHUNK | FLAG_HEAD) != 0 {
         MAGIC_LARGE
+    } else if flags & FLAG_CODED != 0 {
+        MAGIC_CODED
     } else {
         MAGIC
     }
@@ -32,7 +37,7 @@ fn magic_of(flags: u16) -> u32 {
 
 /// Whether `b` starts with the magic of some record.
 pub fn starts_like_record(b: &[u8]) -> bool {
-    b.len() >= 4 && [MAGIC, MAGIC_LARGE].contains(&(&b[..4]).get_u32_le())
+    b.len() >= 4 && [MAGIC, MAGIC_LARGE, MAGIC_CODED].contains(&(&b[..4]).get_u32_le())
 }
 /// Size of the fixed record header in bytes.
 pub const HEADER_LEN: usize = 48;
@@ -53,6 +58,9 @@ pub const FLAG_CHUNK: u16 = 2;
 /// Flag bit: this record is the head of a large value: its value is the chunk table (see
 /// `format::large`), its metadata the value's length and checksum.
 pub const FLAG_HEAD: u16 = 4;
+/// Flag bit: this record's value is coded (compressed); its metadata says how (`meta::Coded`)
+/// and holds the value's own length and checksum. Never set on a large value's records.
+pub const FLAG_CODED: u16 = 8;
 
 const _: () = assert!(HEADER_LEN.is_multiple_of(ALIGN as usize));
 
@@ -101,6 +109,11 @@ impl Header {
     /// Whether this record is the head of a large value.
     pub fn is_head(&self) -> bool {
         self.flags & FLAG_HEAD != 0
+    }
+
+    /// Whether this record's value is coded.
+    pub fn is_coded(&self) -> bool {
+        self.flags & FLAG_CODED != 0
     }
 }
 
@@ -251,7 +264,7 @@ pub fn decode_header(buf: &[u8], salt: u32) -> Result<Header, DecodeError> {
     }
     let mut r = buf;
     let magic = r.get_u32_le();
-    if magic != MAGIC && magic != MAGIC_LARGE {
+    if magic != MAGIC && magic != MAGIC_LARGE && magic != MAGIC_CODED {
         return Err(DecodeError::BadMagic);
     }
     let (crc, hcrc) = (r.get_u32_le(), r.get_u32_le());

@@ -32,16 +32,25 @@ use std::time::Duration;
 /// What memory keeps of a value.
 #[derive(Clone)]
 pub(crate) struct Cached {
+    /// The value, or its coded bytes when `coded` names their codec and the value's length.
     pub data: Bytes,
+    pub coded: Option<(crate::types::Codec, u64)>,
     pub position: Position,
     pub stored_ms: u64,
     pub expiry_ms: u64,
-    /// CRC32C of `data`.
+    /// CRC32C of the value.
     pub crc: u32,
     pub content_type: Option<Bytes>,
     pub attrs: Option<Bytes>,
     pub flags: u32,
     pub stale: bool,
+}
+
+impl Cached {
+    /// The value's length.
+    pub fn len(&self) -> u64 {
+        self.coded.map_or(self.data.len() as u64, |(_, len)| len)
+    }
 }
 
 /// What [`Memory::reconcile`] did.
@@ -368,6 +377,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<MemKey>(), 48);
         let c = Cached {
             data: Bytes::from_static(b"v"),
+            coded: None,
             position: Position { volume: 0, offset: 0, size: 1 },
             stored_ms: 1,
             expiry_ms: 0,

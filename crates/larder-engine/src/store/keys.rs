@@ -111,14 +111,17 @@ impl Store {
                 if !here {
                     return; // an older value of the key, or a hash another key took
                 }
-                let len = match h.is_head() {
+                let len = match h.is_head() || h.is_coded() {
                     false => h.value_len as u64,
-                    // A large value's length is in its head's metadata.
+                    // A large or coded value's length is in its metadata.
                     true => {
                         let mut meta = vec![0u8; h.meta_len as usize];
                         let at = offset + (HEADER_LEN + key.len()) as u64;
                         match ring.read(s, file, &mut meta, at, false) {
-                            Ok(n) => Meta::parse(&meta[..n.unwrap_or(0)]).large.map_or(0, |(len, _)| len),
+                            Ok(n) => {
+                                let m = Meta::parse(&meta[..n.unwrap_or(0)]);
+                                m.large.map(|(len, _)| len).or(m.coded.map(|c| c.len)).unwrap_or(0)
+                            }
                             Err(e) => {
                                 failed = Some(e);
                                 return;

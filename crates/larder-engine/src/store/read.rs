@@ -6,10 +6,11 @@
 use super::write::check_key;
 use super::Store;
 use crate::clock::now_ms;
-use crate::disk::{Got, Seen};
+use crate::disk::{decode_checked, Got, Seen};
+use crate::format::meta;
 use crate::memory::flight::{Join, Target};
 use crate::memory::{Cached, Settled};
-use crate::types::{Part, Tier, Value};
+use crate::types::{CodedBytes, Part, Tier, Value};
 use crate::Result;
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -23,10 +24,20 @@ impl Target for Seen {
     }
 }
 
-fn from_cached(c: Cached) -> Value {
-    let Cached { data, position, stored_ms, expiry_ms, crc, content_type, attrs, flags, stale } = c;
+/// The value memory holds, decoded if memory holds it coded; `None` if that fails (which
+/// only a bug can make happen: memory holds what a write coded or a verified read found).
+pub(super) fn from_cached(c: Cached) -> Option<Value> {
+    let Cached { data, coded, position, stored_ms, expiry_ms, crc, content_type, attrs, flags, stale } = c;
+    let (data, coded) = match coded {
+        None => (data, None),
+        Some((codec, len)) => {
+            let entry = meta::Coded { codec: codec.id(), dictionary: 0, len, crc };
+            let (value, codec) = decode_checked(&data, &entry).ok()?;
+            (value, Some(CodedBytes { codec, data }))
+        }
+    };
     let (start, len) = (0, data.len() as u64);
-    Value {
+    Some(Value {
         data,
         start,
         len,
@@ -39,14 +50,20 @@ fn from_cached(c: Cached) -> Value {
         stale,
         attrs,
         tier: Tier::Memory,
-    }
+        coded,
+    })
 }
 
 /// What the memory tier keeps of a whole value: exact-size copies, so that it never holds
-/// on to a larger read buffer.
+/// on to a larger read buffer; its coded bytes when it is stored coded (more values fit).
 fn to_cached(v: &Value) -> Cached {
+    let (data, coded) = match &v.coded {
+        Some(c) => (Bytes::copy_from_slice(&c.data), Some((c.codec, v.len))),
+        None => (Bytes::copy_from_slice(&v.data), None),
+    };
     Cached {
-        data: Bytes::copy_from_slice(&v.data),
+        data,
+        coded,
         position: v.position,
         stored_ms: v.stored_ms,
         expiry_ms: v.expiry_ms,
@@ -110,11 +127,17 @@ impl Store {
             self.reconcile_memory(hash, key, None);
             return None;
         }
+        let Some(v) = from_cached(c) else {
+            sh.ring.counters.decode_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("a value memory held coded did not decode; dropped from memory");
+            self.reconcile_memory(hash, key, None);
+            return None;
+        };
         if count {
             m.hits.fetch_add(1, Ordering::Relaxed);
             sh.ring.counters.hits.fetch_add(1, Ordering::Relaxed);
         }
-        Some(from_cached(c))
+        Some(v)
     }
 
     pub(super) fn get_inner(&self, key: &[u8], wait: bool) -> Result<Option<Option<Value>>> {

@@ -7,9 +7,10 @@ use super::Store;
 use crate::clock::now_ms;
 use crate::config::FsyncPolicy;
 use crate::disk::{same, Append, Fetch, Got, Seen, Undo, Writer};
+use crate::format::codec;
 use crate::format::large::{self, ChunkRef};
 use crate::format::meta::{self, Meta};
-use crate::format::record::{self, Header, FLAG_CHUNK, FLAG_HEAD, FLAG_TOMBSTONE, HEADER_LEN, MAX_KEY_LEN};
+use crate::format::record::{self, Header, FLAG_CHUNK, FLAG_CODED, FLAG_HEAD, FLAG_TOMBSTONE, HEADER_LEN, MAX_KEY_LEN};
 use crate::format::volume::VOLUME_HEADER_LEN;
 use crate::index::Loc;
 use crate::memory::{Cached, Settled};
@@ -32,6 +33,12 @@ struct Prepared<'v> {
     /// The store time to keep (a touch rewriting a value only memory holds keeps its
     /// version); `None` stamps a new one.
     stored_ms: Option<u64>,
+}
+
+/// How a value is stored: coded with a codec, or as sent (and why, when compression is on).
+enum Coding {
+    Coded(Vec<u8>, codec::Codec),
+    Raw(Option<codec::Raw>),
 }
 
 /// The chunks of a large value written so far, for its head.
@@ -231,11 +238,60 @@ impl Store {
         // large, the block checksums a range read verifies.
         let (value_crc, blocks) = meta::checksum_parts(value);
         let mut meta = Vec::new();
+        // A coded value is verified whole: block checksums of the coded bytes would not
+        // serve a range of the value.
+        let coded = self.code(value, total_len);
+        let blocks = if matches!(coded, Coding::Coded(..)) { None } else { blocks };
         meta::encode(&mut meta, opts.content_type, blocks.as_ref());
         meta::encode_flags(&mut meta, opts.flags, opts.stale);
         meta::encode_attrs(&mut meta, opts.attrs);
-        let p = Prepared { value, value_crc, meta, flags: 0, len: total_len, crc: value_crc, chunks: &[], stored_ms };
-        self.commit(key, hash, p, opts, wait)
+        let raw = Prepared { value, value_crc, meta, flags: 0, len: total_len, crc: value_crc, chunks: &[], stored_ms };
+        let c = &sh.ring.counters;
+        let stored = match coded {
+            Coding::Coded(bytes, codec) => {
+                let mut p = raw;
+                let entry = meta::Coded { codec: codec.id(), dictionary: 0, len: total_len, crc: value_crc };
+                meta::encode_coded(&mut p.meta, &entry);
+                let parts: [&[u8]; 1] = [&bytes];
+                let p = Prepared { value: &parts, value_crc: crc32c::crc32c(&bytes), flags: FLAG_CODED, ..p };
+                let stored = self.commit(key, hash, p, opts, wait)?;
+                if stored.is_some() {
+                    c.coded_puts.fetch_add(1, Ordering::Relaxed);
+                    c.coded_logical_bytes.fetch_add(total_len, Ordering::Relaxed);
+                    c.coded_stored_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                }
+                return Ok(stored);
+            }
+            Coding::Raw(why) => (self.commit(key, hash, raw, opts, wait)?, why),
+        };
+        match stored {
+            (Some(s), Some(why)) => {
+                let counter = if why == codec::Raw::Probed { &c.raw_probed } else { &c.raw_no_gain };
+                counter.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(s))
+            }
+            (s, _) => Ok(s),
+        }
+    }
+
+    /// How the value made of `parts` (`len` bytes) is stored under the store's compression
+    /// setting: coded, or as sent (and, when compression is on and the value long enough,
+    /// why).
+    fn code(&self, parts: &[&[u8]], len: u64) -> Coding {
+        let cfg = self.disk.ring.cfg.compression;
+        let Some(codec) = cfg.codec.filter(|_| len >= cfg.min_size) else { return Coding::Raw(None) };
+        let joined;
+        let value: &[u8] = match parts {
+            [one] => one,
+            _ => {
+                joined = parts.concat();
+                &joined
+            }
+        };
+        match codec::encode(codec, cfg.level, value) {
+            Ok(bytes) => Coding::Coded(bytes, codec),
+            Err(why) => Coding::Raw(Some(why)),
+        }
     }
 
     /// Writes the head of a large value whose chunks are on disk.
@@ -293,10 +349,15 @@ impl Store {
         let mut cached =
             self.memory.as_ref().filter(|m| m.on_put() && !large && self.memory_takes(total_len)).map(|_| Cached {
                 data: Bytes::from(value.concat()),
+                // A coded value stays coded in memory: more of them fit.
+                coded: (flags == FLAG_CODED)
+                    .then(|| Meta::parse(&meta_block).coded)
+                    .flatten()
+                    .and_then(|c| Some((codec::Codec::from_id(c.codec)?, c.len))),
                 position: Position { volume: 0, offset: 0, size: 0 },
                 stored_ms: 0,
                 expiry_ms: 0,
-                crc: value_crc,
+                crc: total_crc,
                 content_type: opts.content_type.map(Bytes::copy_from_slice),
                 attrs: opts.attrs.map(Bytes::copy_from_slice),
                 flags: opts.flags,
@@ -577,9 +638,11 @@ impl Store {
                     self.reconcile_memory(hash, key, later);
                 }
             }
-            let (len, crc) = match Meta::parse(meta_block).large {
-                Some(large) => large,
-                None => (header.value_len as u64, rec.value_crc),
+            let m = Meta::parse(meta_block);
+            let (len, crc) = match (m.large, m.coded) {
+                (Some(large), _) => large,
+                (None, Some(c)) if header.is_coded() => (c.len, c.crc),
+                _ => (header.value_len as u64, rec.value_crc),
             };
             return Ok(Some(Version { len, crc, stored_ms: header.stored_ms }));
         }
@@ -603,7 +666,8 @@ impl Store {
             nonblocking: false,
         };
         // Written anew, but the same value: its store time, and so its version, stay.
-        match self.put_inner(key, &[&c.data], &opts, true, Some(c.stored_ms)) {
+        let Some(value) = super::read::from_cached(c.clone()) else { return Ok(None) };
+        match self.put_inner(key, &[&value.data], &opts, true, Some(c.stored_ms)) {
             Ok(stored) => Ok(Some(stored.expect("a put that may wait completes").version)),
             Err(e) if e.kind() == ErrorKind::PreconditionFailed => Ok(None),
             Err(e) => Err(e),
@@ -623,7 +687,7 @@ impl Store {
         let cached = self.memory.as_ref().and_then(|m| m.get(key));
         cached
             .filter(|c| !self.disk.dead(c.stored_ms, c.expiry_ms, now))
-            .map(|c| (Version { len: c.data.len() as u64, crc: c.crc, stored_ms: c.stored_ms }, c.expiry_ms))
+            .map(|c| (Version { len: c.len(), crc: c.crc, stored_ms: c.stored_ms }, c.expiry_ms))
     }
 
     /// Fails unless every precondition holds for the current value of `key`. Under the writer

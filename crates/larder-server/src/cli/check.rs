@@ -71,6 +71,9 @@ fn check_summary(r: &CheckReport) -> String {
         r.hints_checked,
         r.unhinted
     );
+    if r.coded_records > 0 {
+        out.push_str(&format!("{} coded (compressed) records decoded and checked\n", r.coded_records));
+    }
     let line = |kind: &str, f: &check::Finding| match f.offset {
         Some(o) => format!("{kind}: {} at offset {o}: {}\n", f.file.display(), f.what),
         None => format!("{kind}: {}: {}\n", f.file.display(), f.what),

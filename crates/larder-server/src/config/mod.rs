@@ -3,7 +3,7 @@
 
 use crate::cluster::{self, Placement, Ring};
 use clap::Args;
-use larder_engine::{Eviction, FsyncPolicy, MemoryConfig};
+use larder_engine::{Compression, Eviction, FsyncPolicy, MemoryConfig};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -230,6 +230,18 @@ pub struct ServeArgs {
     /// to that digest, on every door; anything else is refused and nothing stored [default: off].
     #[arg(long)]
     pub verify_cas: bool,
+    /// Compress values on their way to disk and memory: zstd, lz4 or none. Values that do
+    /// not shrink by an eighth (JPEG, PNG, gzip…) stay as sent; a store reads what it holds
+    /// under any setting [default: none].
+    #[arg(long, value_name = "zstd|lz4|none")]
+    pub compression: Option<String>,
+    /// zstd's level: 1 (fastest) to 22 (smallest), negative ones faster still; lz4 has none
+    /// [default: 3].
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub compression_level: Option<i32>,
+    /// Values shorter than this are stored as sent [default: 256B].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub compression_min_size: Option<u64>,
     /// WebDAV: the most keys a store may hold for a `PROPFIND` with `Depth: 1` to list a
     /// collection (a listing reads every volume's record headers); above it such a listing is
     /// refused with 507, never cut short. 0 refuses every listing [default: 10000].
@@ -391,6 +403,9 @@ struct FileConfig {
     auth_reads: Option<bool>,
     read_only: Option<bool>,
     verify_cas: Option<bool>,
+    compression: Option<String>,
+    compression_level: Option<i32>,
+    compression_min_size: Option<SizeValue>,
     dav_list_limit: Option<u64>,
     strict_dirs: Option<bool>,
     shutdown_timeout: Option<DurationValue>,
@@ -494,6 +509,8 @@ pub struct Settings {
     pub read_only: bool,
     /// Whether content-addressed keys take only the value they name.
     pub verify_cas: bool,
+    /// Whether and how values are compressed.
+    pub compression: Compression,
     /// The most keys a store holds for WebDAV to list a collection.
     pub dav_list_limit: u64,
     /// Time in-flight requests get to finish on SIGTERM/SIGINT.
@@ -502,38 +519,6 @@ pub struct Settings {
     pub cluster: Option<Cluster>,
     /// Start empty when down longer than this.
     pub max_downtime: Option<Duration>,
-}
-
-/// A secret bearer token; its `Debug` does not print it.
-#[derive(Clone)]
-pub struct Token(pub Vec<u8>);
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(..)")
-    }
-}
-
-/// The token from `--auth-token FILE` (its first line, trimmed), else from the environment
-/// variable `LARDER_AUTH_TOKEN` (trimmed); an empty token is an error, not "no auth".
-fn load_token(file: Option<&PathBuf>, env: Option<String>) -> Result<Option<Token>, String> {
-    let (text, from) = match (file, env) {
-        (Some(path), _) => (
-            std::fs::read_to_string(path)
-                .map_err(|e| format!("reading the auth token file {}: {e}", path.display()))?,
-            format!("the auth token file {}", path.display()),
-        ),
-        (None, Some(v)) => (v, "LARDER_AUTH_TOKEN".to_string()),
-        (None, None) => return Ok(None),
-    };
-    let token = text.lines().next().unwrap_or("").trim();
-    if token.is_empty() {
-        return Err(format!("{from} holds no token"));
-    }
-    if !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!("{from}: the token must be printable ASCII without spaces"));
-    }
-    Ok(Some(Token(token.as_bytes().to_vec())))
 }
 
 impl ServeArgs {
@@ -634,13 +619,21 @@ impl ServeArgs {
             },
             max_connections: self.max_connections.or(file.max_connections).unwrap_or(10_000).max(1) as usize,
             memcache_max_connections: self.max_connections.or(file.max_connections).unwrap_or(1024).max(1) as usize,
-            auth_token: load_token(
+            auth_token: token::load_token(
                 self.auth_token.as_ref().or(file.auth_token.as_ref()),
                 std::env::var("LARDER_AUTH_TOKEN").ok(),
             )?,
             auth_reads: self.auth_reads || file.auth_reads.unwrap_or(false),
             read_only: self.read_only || file.read_only.unwrap_or(false),
             verify_cas: self.verify_cas || file.verify_cas.unwrap_or(false),
+            compression: compression::resolve(
+                self.compression.as_deref().or(file.compression.as_deref()),
+                self.compression_level.or(file.compression_level),
+                self.compression_min_size
+                    .map(Ok)
+                    .or(file.compression_min_size.as_ref().map(|v| v.bytes()))
+                    .transpose()?,
+            )?,
             dav_list_limit: self.dav_list_limit.or(file.dav_list_limit).unwrap_or(10_000),
             shutdown_timeout: dur(self.shutdown_timeout, &file.shutdown_timeout, Duration::from_secs(30))?,
             cluster,
@@ -680,5 +673,8 @@ impl ServeArgs {
     }
 }
 
+mod compression;
+mod token;
+pub use token::Token;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,234 @@
+//! Value codings: how a record's value bytes may be compressed, and the probe that decides
+//! whether compressing a value is worth it. Pure functions (no I/O); the compressors keep
+//! their contexts per thread, as creating one costs more than compressing a small value.
+//!
+//! A coded record carries `record::FLAG_CODED` (and so the coded records' magic: a build that
+//! predates codings takes it for damage, never serving compressed bytes as a value) and a
+//! `meta::TAG_CODED` entry naming the codec and the value's own length and CRC32C. The record
+//! checksum covers the stored (coded) bytes and is verified before anything is decoded; the
+//! decoded bytes are then checked against the value's own CRC32C.
+
+use std::cell::RefCell;
+
+pub use crate::types::Codec;
+
+/// Why a value was stored as sent: [`encode`]'s verdict when it does not code it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Raw {
+    /// It starts like a compressed format (JPEG, PNG, gzip, zstd, …) or its bytes look
+    /// random: not even tried.
+    Probed,
+    /// Coding it saved less than an eighth.
+    NoGain,
+}
+
+thread_local! {
+    static ZSTD_C: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+    static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// Leading bytes of formats that are compressed already: coding them again gains nothing.
+const COMPRESSED_MAGIC: &[&[u8]] = &[
+    b"\xff\xd8\xff", // JPEG
+    b"\x89PNG",      // PNG
+    b"GIF8",         // GIF
+    b"\x1f\x8b",     // gzip
+    b"\x78\x9c",     // zlib (Dalli's and pymemcache's own compression), by level
+    b"\x78\xda",
+    b"\x78\x01",
+    b"\x78\x5e",
+    b"\x28\xb5\x2f\xfd",     // zstd
+    b"\x04\x22\x4d\x18",     // LZ4 frame
+    b"\xfd7zXZ\x00",         // xz
+    b"BZh",                  // bzip2
+    b"PK\x03\x04",           // zip, jar, docx, …
+    b"7z\xbc\xaf\x27\x1c",   // 7-Zip
+    b"RIFF",                 // WebP, WAV, AVI
+    b"OggS",                 // Ogg
+    b"fLaC",                 // FLAC
+    b"ID3",                  // MP3
+    b"\x00\x00\x00\x18ftyp", // MP4, HEIF, AVIF (two common box sizes)
+    b"\x00\x00\x00\x20ftyp",
+];
+
+/// Bits of order-0 entropy per byte above which a sample is taken for random (compressed or
+/// encrypted) data: real text and markup sit at 4.5–6, compressed data at 7.9 and more.
+const RANDOM_BITS: f64 = 7.5;
+/// Bytes of a value the entropy probe looks at, in slices spread over it.
+const PROBE_SLICE: usize = 512;
+const PROBE_SLICES: usize = 8;
+
+/// Whether `value` is worth trying to code: not a known compressed format, and (for a value
+/// long enough to tell) not random-looking. Costs a few hundred nanoseconds on 4 KiB.
+pub fn worth_trying(value: &[u8]) -> bool {
+    if COMPRESSED_MAGIC.iter().any(|m| value.starts_with(m)) {
+        return false;
+    }
+    // Shorter samples read as less random than they are; the eighth rule decides for them.
+    if value.len() < 2 * PROBE_SLICE {
+        return true;
+    }
+    let mut counts = [0u32; 256];
+    let mut total = 0usize;
+    let step = value.len() / PROBE_SLICES;
+    for i in 0..PROBE_SLICES {
+        let at = (i * step).min(value.len() - PROBE_SLICE.min(value.len()));
+        for &b in &value[at..(at + PROBE_SLICE).min(value.len())] {
+            counts[b as usize] += 1;
+        }
+        total += PROBE_SLICE.min(value.len() - at);
+    }
+    let n = total as f64;
+    let bits: f64 = counts.iter().filter(|&&c| c > 0).map(|&c| c as f64 / n).map(|p| -p * p.log2()).sum();
+    bits < RANDOM_BITS
+}
+
+/// `value` coded with `codec` at `level`, when that saves at least an eighth of its length;
+/// otherwise why it stays raw.
+pub fn encode(codec: Codec, level: i32, value: &[u8]) -> Result<Vec<u8>, Raw> {
+    if !worth_trying(value) {
+        return Err(Raw::Probed);
+    }
+    // Coded bytes no longer than this are kept: a bound the compressors stop at.
+    let most = value.len() - value.len() / 8;
+    let coded = match codec {
+        Codec::Zstd => ZSTD_C.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.as_ref().is_none_or(|(l, _)| *l != level) {
+                *c = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+            }
+            let (_, z) = c.as_mut()?;
+            let mut out = Vec::with_capacity(most);
+            // A buffer too small for the frame is an error: it did not gain an eighth.
+            z.compress_to_buffer(value, &mut out).ok()?;
+            Some(out)
+        }),
+        Codec::Lz4 => {
+            let mut out = vec![0u8; lz4::block::compress_bound(value.len()).ok().unwrap_or(0)];
+            match lz4::block::compress_to_buffer(value, None, false, &mut out) {
+                Ok(n) => {
+                    out.truncate(n);
+                    Some(out)
+                }
+                Err(_) => None,
+            }
+        }
+    };
+    match coded {
+        Some(c) if c.len() <= most => Ok(c),
+        _ => Err(Raw::NoGain),
+    }
+}
+
+/// Why coded bytes did not decode to their value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The codec's own check failed, or the output was not exactly `len` bytes.
+    Corrupt,
+    /// A codec this build does not know.
+    Unknown(u8),
+}
+
+/// Decodes `coded` with the codec numbered `codec` into exactly `len` bytes (never more: a
+/// damaged record cannot make a reader allocate beyond its value's length).
+pub fn decode(codec: u8, coded: &[u8], len: usize) -> Result<Vec<u8>, DecodeError> {
+    let Some(codec) = Codec::from_id(codec) else { return Err(DecodeError::Unknown(codec)) };
+    let out = match codec {
+        Codec::Zstd => ZSTD_D.with(|d| {
+            let mut d = d.borrow_mut();
+            if d.is_none() {
+                *d = Some(zstd::bulk::Decompressor::new().ok()?);
+            }
+            let mut out = Vec::with_capacity(len);
+            d.as_mut()?.decompress_to_buffer(coded, &mut out).ok()?;
+            Some(out)
+        }),
+        Codec::Lz4 => {
+            let n = i32::try_from(len).ok();
+            n.and_then(|n| lz4::block::decompress(coded, Some(n)).ok())
+        }
+    };
+    match out {
+        Some(v) if v.len() == len => Ok(v),
+        _ => Err(DecodeError::Corrupt),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn html(len: usize) -> Vec<u8> {
+        let mut s = String::new();
+        let mut i = 0;
+        while s.len() < len {
+            s.push_str(&format!("<li class=\"entry\"><a href=\"/pkg/{i}\">package {i}</a> version 1.{}</li>\n", i % 7));
+            i += 1;
+        }
+        s.truncate(len);
+        s.into_bytes()
+    }
+
+    fn random(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn text_codes_and_decodes_to_the_same_bytes_with_every_codec() {
+        for (codec, _) in Codec::ALL {
+            for len in [300, 1000, 4096, 70_000] {
+                let v = html(len);
+                let coded =
+                    encode(codec, codec.default_level(), &v).unwrap_or_else(|e| panic!("{codec:?} {len}: {e:?}"));
+                assert!(coded.len() <= len - len / 8);
+                assert_eq!(decode(codec.id(), &coded, len).unwrap(), v, "{codec:?} {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn compressed_and_random_data_stays_raw() {
+        let mut jpeg = b"\xff\xd8\xff\xe0".to_vec();
+        jpeg.extend(html(4000));
+        assert_eq!(encode(Codec::Zstd, 3, &jpeg), Err(Raw::Probed), "a known magic is not tried");
+        assert_eq!(encode(Codec::Zstd, 3, &random(4096, 7)), Err(Raw::Probed), "random bytes are not tried");
+        // Too short for the probe to tell: tried, and kept raw by the eighth rule.
+        assert_eq!(encode(Codec::Zstd, 3, &random(600, 9)), Err(Raw::NoGain));
+        assert_eq!(encode(Codec::Lz4, 0, &random(600, 9)), Err(Raw::NoGain));
+    }
+
+    #[test]
+    fn damaged_or_unknown_codings_fail_and_never_exceed_the_length() {
+        let v = html(4096);
+        for (codec, _) in Codec::ALL {
+            let coded = encode(codec, codec.default_level(), &v).unwrap();
+            assert_eq!(decode(codec.id(), &coded, v.len() - 1), Err(DecodeError::Corrupt), "{codec:?} shorter");
+            assert_eq!(decode(codec.id(), &coded, v.len() + 1), Err(DecodeError::Corrupt), "{codec:?} longer");
+            let mut bad = coded.clone();
+            bad.truncate(coded.len() / 2);
+            assert_eq!(decode(codec.id(), &bad, v.len()), Err(DecodeError::Corrupt), "{codec:?} truncated");
+        }
+        assert_eq!(decode(9, b"x", 1), Err(DecodeError::Unknown(9)));
+    }
+
+    #[test]
+    fn names_parse_and_levels_change_between_calls() {
+        assert_eq!("ZSTD".parse::<Codec>(), Ok(Codec::Zstd));
+        assert!("brotli".parse::<Codec>().unwrap_err().contains("zstd"));
+        let v = html(8192);
+        // The thread's compressor follows the level asked for.
+        for level in [1, 19, 3] {
+            let coded = encode(Codec::Zstd, level, &v).unwrap();
+            assert_eq!(coded, zstd::bulk::compress(&v, level).unwrap(), "level {level}");
+            assert_eq!(decode(1, &coded, v.len()).unwrap(), v);
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! `StoreConfig::compression`: values coded on the way in read back byte for byte, under any
+//! later setting; incompressible values stay raw; the memory tier holds values coded; and a
+//! coded record that does not decode is damage (counted, a miss, named by `check`), never
+//! bytes served.
+
+use larder_engine::format::record::{self, HEADER_LEN};
+use larder_engine::format::volume::{volume_path, VolumeHeader};
+use larder_engine::{
+    ByteRange, Codec, Compression, Expiry, FsyncPolicy, MemoryConfig, Part, PutOptions, ReadOptions, Store,
+    StoreConfig, Tier,
+};
+use std::path::Path;
+
+fn config(dir: &Path, codec: Option<Codec>, memory: u64) -> StoreConfig {
+    StoreConfig {
+        volume_size: 8 << 20,
+        volume_count: 8,
+        max_value_size: 4 << 20,
+        chunk_size: 256 << 10,
+        fsync: FsyncPolicy::Never,
+        memory: MemoryConfig { capacity: memory, promote_after: 1, on_put: memory > 0, ..Default::default() },
+        compression: Compression { codec, level: codec.map_or(0, |c| c.default_level()), ..Default::default() },
+        ..StoreConfig::new(dir)
+    }
+}
+
+/// Markup of `len` bytes, as compressible as a rendered page (about 4x with zstd).
+fn page(len: usize, seed: u32) -> Vec<u8> {
+    let mut s = String::new();
+    let mut i = seed;
+    while s.len() < len {
+        i = i.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        s.push_str(&format!("<tr><td class=\"pkg\">lib{}</td><td>{}.{}</td></tr>\n", i % 977, i % 13, i % 101));
+    }
+    s.truncate(len);
+    s.into_bytes()
+}
+
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect()
+}
+
+fn read(s: &Store, key: &[u8]) -> Option<Vec<u8>> {
+    s.get(key, &ReadOptions::default()).unwrap().map(|v| v.data.to_vec())
+}
+
+const SIZES: [usize; 5] = [300, 1000, 4096, 100_000, 256 << 10];
+
+#[test]
+fn coded_values_read_back_byte_for_byte_under_every_setting() {
+    for (codec, _) in Codec::ALL {
+        let dir = tempfile::tempdir().unwrap();
+        let o = PutOptions::default();
+        let mut logical = 0;
+        {
+            let s = Store::open(config(dir.path(), Some(codec), 0)).unwrap();
+            for (i, &len) in SIZES.iter().enumerate() {
+                let v = page(len, i as u32);
+                let stored = s.put(format!("k{i}").as_bytes(), &v, &o).unwrap();
+                assert!(stored.position.size < len as u64, "{codec:?} {len}: stored coded");
+                let got = s.get(format!("k{i}").as_bytes(), &ReadOptions::default()).unwrap().unwrap();
+                assert_eq!(&got.data[..], &v[..], "{codec:?} {len}");
+                // The value's own length and checksum: its validators do not depend on coding.
+                assert_eq!(got.version(), stored.version);
+                assert_eq!((got.len, got.crc), (len as u64, crc32c::crc32c(&v)));
+                assert_eq!(got.coded.as_ref().map(|c| c.codec), Some(codec));
+                logical += len as u64;
+            }
+            // A value longer than a chunk is stored as a large value, in raw chunks.
+            let big = page(600_000, 9);
+            s.put(b"big", &big, &o).unwrap();
+            let st = s.stats();
+            assert_eq!((st.coded_puts, st.coded_logical_bytes), (SIZES.len() as u64, logical));
+            assert!(st.coded_stored_bytes * 3 < logical, "{codec:?}: {} of {logical}", st.coded_stored_bytes);
+        }
+        let report = larder_engine::check::check_dir(dir.path(), &Default::default()).unwrap();
+        assert!(report.clean(), "{:?}", report.corrupt);
+        assert_eq!(report.coded_records, SIZES.len() as u64);
+        // Reopened with compression off, and with the other codec: everything reads; the
+        // first time without hint files, as after a crash, so that recovery scans the records.
+        let mut hints = 0;
+        for e in std::fs::read_dir(dir.path()).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "hint") {
+                std::fs::remove_file(p).unwrap();
+                hints += 1;
+            }
+        }
+        assert!(hints > 0);
+        for other in [None, Some(Codec::Zstd), Some(Codec::Lz4)] {
+            let s = Store::open(config(dir.path(), other, 0)).unwrap();
+            for (i, &len) in SIZES.iter().enumerate() {
+                assert_eq!(read(&s, format!("k{i}").as_bytes()), Some(page(len, i as u32)), "{codec:?} then {other:?}");
+            }
+            let mut r = s.reader(b"big", Part::Whole).unwrap().unwrap();
+            let mut big = Vec::new();
+            while let Some(p) = r.next_piece().unwrap() {
+                big.extend_from_slice(&p);
+            }
+            assert_eq!(big, page(600_000, 9));
+            if other.is_none() {
+                assert_eq!(s.stats().recovery.scans, 1, "the volume was scanned");
+            }
+        }
+    }
+}
+
+#[test]
+fn incompressible_and_short_values_stay_raw() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(config(dir.path(), Some(Codec::Zstd), 0)).unwrap();
+    let o = PutOptions::default();
+    let random = noise(4096, 3);
+    let mut jpeg = b"\xff\xd8\xff\xe0".to_vec();
+    jpeg.extend(page(4000, 1));
+    let short = page(100, 2);
+    let almost_random = noise(700, 5); // too short for the probe: coded, and kept raw
+    for (k, v) in [(&b"random"[..], &random), (b"jpeg", &jpeg), (b"short", &short), (b"mid", &almost_random)] {
+        let stored = s.put(k, v, &o).unwrap();
+        assert!(stored.position.size > v.len() as u64, "{:?} is stored raw", String::from_utf8_lossy(k));
+        let got = s.get(k, &ReadOptions::default()).unwrap().unwrap();
+        assert_eq!((&got.data[..], got.coded.is_none()), (&v[..], true));
+    }
+    let st = s.stats();
+    assert_eq!((st.coded_puts, st.raw_probed, st.raw_no_gain), (0, 2, 1), "the short one is not tried");
+}
+
+#[test]
+fn ranges_descriptions_and_touches_of_coded_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(config(dir.path(), Some(Codec::Zstd), 0)).unwrap();
+    let o = PutOptions::default();
+    for len in [4096usize, 200_000] {
+        let v = page(len, 7);
+        let key = format!("r{len}");
+        let stored = s.put(key.as_bytes(), &v, &o).unwrap();
+        let part = |p: Part| s.get(key.as_bytes(), &ReadOptions { part: p, nonblocking: false }).unwrap().unwrap();
+        let r = part(Part::Range(ByteRange::Span(100, Some(1099))));
+        assert_eq!((&r.data[..], r.start, r.len), (&v[100..1100], 100, len as u64));
+        let tail = part(Part::Range(ByteRange::Suffix(10)));
+        assert_eq!(&tail.data[..], &v[len - 10..]);
+        let head = part(Part::Nothing);
+        assert_eq!((head.data.len(), head.len, head.version()), (0, len as u64, stored.version));
+        // A touch copies the coded record: same bytes, same version.
+        let touched = s.touch(key.as_bytes(), Expiry::After(std::time::Duration::from_secs(60))).unwrap();
+        assert_eq!(touched, Some(stored.version));
+        assert_eq!(read(&s, key.as_bytes()), Some(v));
+    }
+    let mut keys = Vec::new();
+    s.keys(|k| {
+        keys.push((k.key.to_vec(), k.len));
+        true
+    })
+    .unwrap();
+    assert!(keys.contains(&(b"r4096".to_vec(), 4096)), "a listing gives the value's own length: {keys:?}");
+}
+
+#[test]
+fn the_memory_tier_holds_coded_values_and_serves_them_decoded() {
+    let (dir_raw, dir_coded) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let o = PutOptions::default();
+    let mut held = Vec::new();
+    for (dir, codec) in [(&dir_raw, None), (&dir_coded, Some(Codec::Zstd))] {
+        let s = Store::open(config(dir.path(), codec, 1 << 20)).unwrap();
+        for i in 0..1000u32 {
+            s.put(format!("m{i}").as_bytes(), &page(4096, i), &o).unwrap();
+        }
+        let mut hits = 0;
+        for i in 0..1000u32 {
+            let v = s.get(format!("m{i}").as_bytes(), &ReadOptions::default()).unwrap().unwrap();
+            assert_eq!(&v.data[..], &page(4096, i)[..]);
+            hits += (v.tier == Tier::Memory) as u32;
+        }
+        held.push((s.stats().memory_entries, hits));
+    }
+    let ((raw_entries, raw_hits), (coded_entries, coded_hits)) = (held[0], held[1]);
+    assert!(coded_entries >= 3 * raw_entries, "1 MiB of memory holds {coded_entries} coded, {raw_entries} raw");
+    assert!(coded_hits >= 3 * raw_hits, "{coded_hits} memory hits coded, {raw_hits} raw");
+}
+
+/// Rewrites the coded record at `pos` of slot `slot` in `dir` with `value` as its coded
+/// bytes, under valid checksums: damage a checksum cannot see.
+fn forge(dir: &Path, slot: u32, offset: u64, size: u64, value: impl Fn(&[u8]) -> Vec<u8>) {
+    use std::os::unix::fs::FileExt;
+    let path = volume_path(dir, slot as usize);
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let mut vh = vec![0u8; 64];
+    f.read_exact_at(&mut vh, 0).unwrap();
+    let salt = VolumeHeader::decode(&vh).unwrap().salt;
+    let mut buf = vec![0u8; size as usize];
+    f.read_exact_at(&mut buf, offset).unwrap();
+    let r = record::decode(&buf, salt).unwrap();
+    assert!(r.header.is_coded());
+    let new = value(&buf[r.value_range.0..r.value_range.1]);
+    assert_eq!(new.len(), r.value_range.1 - r.value_range.0, "same length, same place");
+    let mut out = Vec::new();
+    record::encode_into(&mut out, &r.header, r.key, r.meta, &new, salt);
+    assert_eq!(out.len(), record::padded(size) as usize);
+    f.write_all_at(&out, offset).unwrap();
+    assert!(HEADER_LEN < out.len());
+}
+
+#[test]
+fn a_coded_record_that_does_not_decode_is_a_counted_miss_and_check_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = page(8192, 4);
+    let (garbled, truncated, intact) = {
+        let s = Store::open(config(dir.path(), Some(Codec::Zstd), 0)).unwrap();
+        let o = PutOptions::default();
+        let a = s.put(b"garbled", &v, &o).unwrap().position;
+        let b = s.put(b"other-bytes", &v, &o).unwrap().position;
+        let c = s.put(b"intact", &v, &o).unwrap().position;
+        (a, b, c)
+    };
+    // Sound checksums over coded bytes that are not a zstd frame, and over a frame that
+    // decodes to other bytes of the same length (a codec bug, as the reader sees it).
+    forge(dir.path(), garbled.volume, garbled.offset, garbled.size, |c| c.iter().map(|b| b ^ 0x5a).collect());
+    // A frame of other bytes of the value's length, then a skippable frame to the coded
+    // length: a decoder reads it whole and gives 8192 bytes that are not the value.
+    let other = vec![b'x'; 8192];
+    forge(dir.path(), truncated.volume, truncated.offset, truncated.size, |c| {
+        let mut f = zstd::bulk::compress(&other, 3).unwrap();
+        let pad = c.len() - f.len() - 8;
+        f.extend_from_slice(&0x184D_2A50u32.to_le_bytes());
+        f.extend_from_slice(&(pad as u32).to_le_bytes());
+        f.resize(c.len(), 0);
+        f
+    });
+    let report = larder_engine::check::check_dir(dir.path(), &Default::default()).unwrap();
+    assert_eq!(report.corrupt.len(), 2, "{:?}", report.corrupt);
+    assert!(report.corrupt.iter().all(|f| f.what.contains("coded record")), "{:?}", report.corrupt);
+    let s = Store::open(config(dir.path(), None, 0)).unwrap();
+    assert_eq!(read(&s, b"garbled"), None);
+    assert_eq!(read(&s, b"other-bytes"), None);
+    assert_eq!(read(&s, b"intact"), Some(v));
+    let st = s.stats();
+    assert_eq!((st.decode_failures, st.corrupt_reads), (2, 2));
+    let _ = intact;
+}
