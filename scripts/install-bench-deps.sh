@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the benchmark scripts and tests need when it is missing: wrk, curl, nginx, python3,
 # the memcached peers the memcached-protocol tests compare with and drive (Debian's memcached,
-# libmemcached's tools, pymemcache, Ruby's Dalli), and twemproxy (Debian's nutcracker), the
+# libmemcached's tools, pymemcache, Ruby's Dalli), the compression corpus, and twemproxy (Debian's nutcracker), the
 # memcached router of the cluster test; rclone and Bazel for the build-cache test. Needs root (or sudo) on Debian/Ubuntu.
 set -euo pipefail
 need=()
@@ -26,6 +26,11 @@ command -v gcc >/dev/null || need+=(gcc)
 # memcached's own test suite: Perl (its Test::More) and xz for its source tarball.
 command -v perl >/dev/null || need+=(perl)
 command -v xz >/dev/null || need+=(xz-utils)
+# The corpus bench/compression.py measures compression on: files Debian's packages install
+# (HTML documentation, JSON, PNG and JPEG images).
+for p in libxslt1-dev valgrind libffi-dev libtasn1-doc python3-botocore cmake-data iso-codes adwaita-icon-theme bazel-bootstrap-data; do
+  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
