@@ -79,6 +79,11 @@ pub struct ReadOptions {
     /// answers memory and page-cache hits inline and moves only the rest to a thread that
     /// may block.
     pub nonblocking: bool,
+    /// The caller sends a value's Zstandard-coded bytes as they are (HTTP's
+    /// `Content-Encoding: zstd`) when it is stored so: a whole value the memory tier holds
+    /// coded comes back undecoded, its bytes in `Value::coded` and `data` empty. One read from
+    /// disk is decoded and checked all the same, and carries its coded bytes too.
+    pub coded: bool,
 }
 
 /// How to delete a value; `Default` is a plain delete that may block.
@@ -266,8 +271,9 @@ pub struct Value {
     /// Which tier answered. For a memory hit, `position` is where the value was read from
     /// when it was promoted (reinsertion may have moved the record since).
     pub tier: Tier,
-    /// The value's bytes as stored, when it is stored coded (`StoreConfig::compression`);
-    /// `data` is always the value itself.
+    /// How the value is stored, when it is stored coded (`StoreConfig::compression`), with
+    /// its coded bytes when they were read (a description, `Part::Nothing`, may leave them
+    /// empty). `data` is the value itself, unless `ReadOptions::coded` said otherwise.
     pub coded: Option<CodedBytes>,
 }
 

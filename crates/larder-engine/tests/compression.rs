@@ -142,7 +142,9 @@ fn ranges_descriptions_and_touches_of_coded_values() {
         let v = page(len, 7);
         let key = format!("r{len}");
         let stored = s.put(key.as_bytes(), &v, &o).unwrap();
-        let part = |p: Part| s.get(key.as_bytes(), &ReadOptions { part: p, nonblocking: false }).unwrap().unwrap();
+        let part = |p: Part| {
+            s.get(key.as_bytes(), &ReadOptions { part: p, nonblocking: false, coded: false }).unwrap().unwrap()
+        };
         let r = part(Part::Range(ByteRange::Span(100, Some(1099))));
         assert_eq!((&r.data[..], r.start, r.len), (&v[100..1100], 100, len as u64));
         let tail = part(Part::Range(ByteRange::Suffix(10)));
@@ -244,4 +246,29 @@ fn a_coded_record_that_does_not_decode_is_a_counted_miss_and_check_names_it() {
     let st = s.stats();
     assert_eq!((st.decode_failures, st.corrupt_reads), (2, 2));
     let _ = intact;
+}
+
+#[test]
+fn a_caller_that_sends_coded_bytes_gets_them_undecoded_from_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(config(dir.path(), Some(Codec::Zstd), 1 << 20)).unwrap();
+    let v = page(4096, 11);
+    let stored = s.put(b"p", &v, &PutOptions::default()).unwrap();
+    let coded = ReadOptions { coded: true, ..Default::default() };
+    let got = s.get(b"p", &coded).unwrap().unwrap();
+    assert_eq!((got.tier, got.data.len(), got.len, got.version()), (Tier::Memory, 0, 4096, stored.version));
+    let c = got.coded.expect("coded bytes");
+    assert_eq!(c.codec, Codec::Zstd);
+    assert_eq!(zstd::bulk::decompress(&c.data, 4096).unwrap(), v, "a plain zstd frame of the value");
+    // Any other read decodes; a range never hands out coded bytes.
+    assert_eq!(&s.get(b"p", &ReadOptions::default()).unwrap().unwrap().data[..], &v[..]);
+    let r =
+        s.get(b"p", &ReadOptions { part: Part::Range(ByteRange::Span(0, Some(9))), coded: true, ..Default::default() });
+    assert_eq!(&r.unwrap().unwrap().data[..], &v[..10]);
+    // From disk (memory off): decoded and checked, and the coded bytes come along.
+    drop(s);
+    let s = Store::open(config(dir.path(), Some(Codec::Zstd), 0)).unwrap();
+    let got = s.get(b"p", &coded).unwrap().unwrap();
+    assert_eq!((got.tier, &got.data[..]), (Tier::Disk, &v[..]));
+    assert_eq!(zstd::bulk::decompress(&got.coded.unwrap().data, 4096).unwrap(), v);
 }

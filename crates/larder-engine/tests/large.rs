@@ -520,7 +520,7 @@ fn a_look_at_a_large_value_reads_its_head_only() {
     put(&store, b"big", &value);
     for nonblocking in [false, true] {
         let reads = store.stats().disk_reads;
-        let v = store.get(b"big", &ReadOptions { part: Part::Nothing, nonblocking }).unwrap().unwrap();
+        let v = store.get(b"big", &ReadOptions { part: Part::Nothing, nonblocking, coded: false }).unwrap().unwrap();
         assert_eq!(v.len, value.len() as u64);
         assert_eq!(store.stats().disk_reads - reads, 1, "nonblocking: {nonblocking}");
     }

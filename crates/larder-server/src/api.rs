@@ -6,18 +6,19 @@ use crate::body::{charge, next_frame, read_body, too_slow, BodyError};
 use crate::config::Settings;
 use crate::guard::budget::Charge;
 use crate::guard::BodyClock;
-use crate::headers;
+use crate::headers::{self, Coding};
 use crate::reply::{engine_error, text, text_owned, Body, Op, Resp};
 use crate::storeio::{blocking, body_of, quick, read, read_body_of, Read};
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{
-    HeaderMap, HeaderValue, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG,
-    IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED, TRANSFER_ENCODING,
+    HeaderMap, HeaderValue, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE,
+    CONTENT_TYPE, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED, TRANSFER_ENCODING, VARY,
 };
 use hyper::{Response, StatusCode};
 use larder_engine::{
-    now_ms, DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, Store, Tier, Value, MAX_CONTENT_TYPE,
+    now_ms, Codec, DeleteOptions, ErrorKind, Expiry, Part, Precondition, PutOptions, Store, Tier, Value,
+    MAX_CONTENT_TYPE,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -31,12 +32,13 @@ fn position_value(p: larder_engine::Position) -> HeaderValue {
     l.value()
 }
 
-/// The headers every answer about a stored value carries (200, 206, 304, HEAD).
-fn describe(r: &mut Resp, v: &Value) {
+/// The headers every answer about a stored value carries (200, 206, 304, HEAD), for the
+/// representation it carries.
+fn describe(r: &mut Resp, v: &Value, coding: Coding) {
     let h = r.headers_mut();
     let content_type = v.content_type.as_ref().and_then(|t| HeaderValue::from_maybe_shared(t.clone()).ok());
     h.insert(CONTENT_TYPE, content_type.unwrap_or(HeaderValue::from_static(DEFAULT_CONTENT_TYPE)));
-    h.insert(ETAG, headers::etag(v.version()));
+    h.insert(ETAG, headers::etag_of(v.version(), coding));
     h.insert(LAST_MODIFIED, headers::last_modified(v));
     h.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     h.insert(CACHE_CONTROL, headers::cache_control(v, now_ms()));
@@ -46,6 +48,20 @@ fn describe(r: &mut Resp, v: &Value) {
         Tier::Disk => "DISK",
     };
     h.insert(X_CACHE.clone(), HeaderValue::from_static(tier));
+    // A value stored as a Zstandard frame is answered in one of two representations,
+    // chosen by Accept-Encoding: a cache in front must keep them apart.
+    if sendable(v) {
+        h.insert(VARY, HeaderValue::from_static("accept-encoding"));
+    }
+    if coding == Coding::Zstd {
+        h.insert(CONTENT_ENCODING, HeaderValue::from_static("zstd"));
+    }
+}
+
+/// Whether `v` is stored as a Zstandard frame (no dictionary), which a client that accepts
+/// `zstd` is sent as it is.
+fn sendable(v: &Value) -> bool {
+    v.coded.as_ref().is_some_and(|c| c.codec == Codec::Zstd)
 }
 
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
@@ -82,28 +98,50 @@ pub async fn get(
         Err(e) => Err(Box::new(engine_error(&e, Op::Read))),
     };
     let failed = || text(StatusCode::PRECONDITION_FAILED, "precondition failed\n");
+    // A client that takes zstd gets a value stored as a Zstandard frame as it is: no decoding.
+    let takes_zstd = headers::accepts_zstd(req);
     let revalidation = req.contains_key(IF_NONE_MATCH) || req.contains_key(IF_MODIFIED_SINCE);
     if head || revalidation {
-        let d = match found(read(app, store, &key, Part::Nothing).await) {
+        let d = match found(read(app, store, &key, Part::Nothing, false).await) {
             Ok(d) => d,
             Err(r) => return *r,
         };
-        if headers::read_precondition_failed(req, &d) {
+        let coding = if takes_zstd && sendable(&d) { Coding::Zstd } else { Coding::Identity };
+        if headers::read_precondition_failed(req, &d, coding) {
             return failed();
         }
-        if headers::not_modified(req, &d) {
+        if headers::not_modified(req, &d, coding) {
             let mut r = with_status(StatusCode::NOT_MODIFIED, Bytes::new());
-            describe(&mut r, &d);
+            describe(&mut r, &d, coding);
             r.headers_mut().remove(CONTENT_TYPE);
+            r.headers_mut().remove(CONTENT_ENCODING);
             return r;
         }
-        if head {
+        if head && coding == Coding::Identity {
             let mut r = with_status(StatusCode::OK, Bytes::new());
-            describe(&mut r, &d);
+            describe(&mut r, &d, coding);
             r.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(d.len));
             return r;
         }
+        if head {
+            // The coded length is that of the bytes stored: read them (a coded value is at
+            // most a chunk, and not decoded).
+            let v = match found(read(app, store, &key, Part::Whole, true).await) {
+                Ok(v) => v,
+                Err(r) => return *r,
+            };
+            let coding = if sendable(&v) { Coding::Zstd } else { Coding::Identity };
+            let len = match (&v.coded, coding) {
+                (Some(c), Coding::Zstd) => c.data.len() as u64,
+                _ => v.len,
+            };
+            let mut r = with_status(StatusCode::OK, Bytes::new());
+            describe(&mut r, &v, coding);
+            r.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(len));
+            return r;
+        }
     }
+    // Ranges are of the value itself (the identity representation), never of coded bytes.
     let range = headers::range(req);
     let mut part = range.map_or(Part::Whole, Part::Range);
     let body_found = |r: larder_engine::Result<Option<Read>>| match r {
@@ -111,7 +149,8 @@ pub async fn get(
         Ok(None) => Err(Box::new(text(StatusCode::NOT_FOUND, "not found\n"))),
         Err(e) => Err(Box::new(engine_error(&e, Op::Read))),
     };
-    let mut read = match body_found(read_body_of(app, store, &key, part).await) {
+    let coded = takes_zstd && part == Part::Whole;
+    let mut read = match body_found(read_body_of(app, store, &key, part, coded).await) {
         Ok(v) => v,
         Err(r) => return *r,
     };
@@ -119,19 +158,26 @@ pub async fn get(
     // value. Checked on what was read, so a write between two reads cannot mix versions.
     if part != Part::Whole && !headers::if_range_holds(req, read.value()) {
         part = Part::Whole;
-        read = match body_found(read_body_of(app, store, &key, part).await) {
+        read = match body_found(read_body_of(app, store, &key, part, false).await) {
             Ok(v) => v,
             Err(r) => return *r,
         };
     }
+    let coding = if coded && sendable(read.value()) { Coding::Zstd } else { Coding::Identity };
     // Checked on the bytes about to be sent, whichever read they came from.
-    if headers::read_precondition_failed(req, read.value()) {
+    if headers::read_precondition_failed(req, read.value(), coding) {
         return failed();
     }
     let v = read.value().clone();
+    if coding == Coding::Zstd {
+        let bytes = v.coded.as_ref().map(|c| c.data.clone()).unwrap_or_default();
+        let mut r = with_status(StatusCode::OK, bytes);
+        describe(&mut r, &v, coding);
+        return r;
+    }
     let Part::Range(range) = part else {
         let mut r = with_body(StatusCode::OK, body_of(app, held, read, v.len).await);
-        describe(&mut r, &v);
+        describe(&mut r, &v, coding);
         return r;
     };
     let Some((start, end)) = range.resolve(v.len) else {
@@ -141,7 +187,7 @@ pub async fn get(
         return r;
     };
     let mut r = with_body(StatusCode::PARTIAL_CONTENT, body_of(app, held, read, end - start).await);
-    describe(&mut r, &v);
+    describe(&mut r, &v, coding);
     let content_range = format!("bytes {}-{}/{}", start, end - 1, v.len);
     r.headers_mut().insert(CONTENT_RANGE, HeaderValue::try_from(content_range).expect("ASCII"));
     r
@@ -219,7 +265,7 @@ pub async fn put(app: &Arc<App>, headers: &HeaderMap, body: ReqBody, key: Vec<u8
     // again, atomically with the write.
     if !extra.preconditions.is_empty() {
         let store = app.store.get().expect("store is ready before writes are routed");
-        let current = match read(app, store, &key, Part::Nothing).await {
+        let current = match read(app, store, &key, Part::Nothing, false).await {
             Ok(v) => v,
             Err(e) => return engine_error(&e, Op::Read),
         };

@@ -28,6 +28,7 @@ pub const MAX_WITH_BODY: usize = 8 * 1024;
 /// request's map holds only these, so that most requests build no map at all. A header read
 /// there must be added here (`tests/http_diff.rs` sends each of them both ways).
 const READ_BY_KEY_API: &[&str] = &[
+    "accept-encoding",
     "authorization",
     "cache-control",
     "content-length",

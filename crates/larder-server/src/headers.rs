@@ -3,8 +3,8 @@
 //! conditional request headers (RFC 9110 §8.8, §13, §14; RFC 9111 §5.2).
 
 use hyper::header::{
-    HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE,
-    IF_UNMODIFIED_SINCE,
+    HeaderMap, HeaderName, HeaderValue, ACCEPT_ENCODING, CACHE_CONTROL, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH,
+    IF_RANGE, IF_UNMODIFIED_SINCE,
 };
 use larder_engine::{ByteRange, Precondition, Value, Version};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -59,9 +59,24 @@ impl Line {
     }
 }
 
+/// Which representation of a stored value an answer carries: the value itself, or (to a
+/// client that accepts it) the Zstandard frame the value is stored as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coding {
+    Identity,
+    Zstd,
+}
+
 /// The strong entity tag of a stored value: its length, CRC32C and store time. Equal tags
 /// mean equal bytes (and a re-stored value gets a new tag), which is what `If-Match` needs.
 pub fn etag(v: Version) -> HeaderValue {
+    etag_of(v, Coding::Identity)
+}
+
+/// [`etag`] of one representation: the coded one's ends in `-zstd`, so that the two differ
+/// (RFC 9110 §8.8.3) and a cache in front never takes one for the other.
+pub fn etag_of(v: Version, coding: Coding) -> HeaderValue {
+    let end: &[u8] = if coding == Coding::Zstd { b"-zstd\"" } else { b"\"" };
     Line::new()
         .push(b"\"")
         .hex(v.len, 1)
@@ -69,19 +84,47 @@ pub fn etag(v: Version) -> HeaderValue {
         .hex(v.crc as u64, 8)
         .push(b"-")
         .hex(v.stored_ms, 1)
-        .push(b"\"")
+        .push(end)
         .value()
 }
 
-/// The version an entity tag made by [`etag`] names; `None` for any other tag. Strict: the
-/// tag must be exactly what [`etag`] writes (strong comparison is byte for byte).
-fn parse_etag(opaque: &str) -> Option<Version> {
+/// The version and representation an entity tag made by [`etag_of`] names; `None` for any
+/// other tag. Strict: the tag must be exactly what [`etag_of`] writes (strong comparison is
+/// byte for byte).
+fn parse_etag(opaque: &str) -> Option<(Version, Coding)> {
+    let (opaque, coding) = match opaque.strip_suffix("-zstd") {
+        Some(o) => (o, Coding::Zstd),
+        None => (opaque, Coding::Identity),
+    };
     let mut parts = opaque.split('-');
     let len = u64::from_str_radix(parts.next()?, 16).ok()?;
     let crc = u32::from_str_radix(parts.next()?, 16).ok()?;
     let stored_ms = u64::from_str_radix(parts.next()?, 16).ok()?;
     let v = Version { len, crc, stored_ms };
-    (parts.next().is_none() && etag(v).as_bytes()[1..].strip_suffix(b"\"") == Some(opaque.as_bytes())).then_some(v)
+    let exact = etag(v).as_bytes()[1..].strip_suffix(b"\"") == Some(opaque.as_bytes());
+    (parts.next().is_none() && exact).then_some((v, coding))
+}
+
+/// Whether the client takes a Zstandard-coded answer (`Accept-Encoding` names `zstd`, or `*`
+/// without refusing `zstd`, with a non-zero `q`; RFC 9110 §12.5.3).
+pub fn accepts_zstd(headers: &HeaderMap) -> bool {
+    let (mut zstd, mut any) = (None, None);
+    for line in headers.get_all(ACCEPT_ENCODING) {
+        let Ok(line) = line.to_str() else { continue };
+        for member in line.split(',') {
+            let mut params = member.split(';');
+            let coding = params.next().unwrap_or("").trim();
+            let q = params.filter_map(|p| p.trim().strip_prefix("q=").or(p.trim().strip_prefix("Q="))).next();
+            // Any q of zero (0, 0.0, 0.000) refuses; anything else that parses accepts.
+            let wanted = q.is_none_or(|q| q.trim().parse::<f32>().is_ok_and(|q| q > 0.0));
+            if coding.eq_ignore_ascii_case("zstd") {
+                zstd = Some(wanted);
+            } else if coding == "*" {
+                any = Some(wanted);
+            }
+        }
+    }
+    zstd.or(any).unwrap_or(false)
 }
 
 /// An `If-Match` / `If-None-Match` header: `*` or a list of entity tags.
@@ -120,19 +163,25 @@ impl Tags {
     }
 
     /// Weak comparison (RFC 9110 §8.8.3.2), as `If-None-Match` uses: `W/` is ignored.
-    pub fn matches_weakly(&self, v: Version) -> bool {
+    pub fn matches_weakly(&self, v: Version, coding: Coding) -> bool {
         match self {
             Tags::Any => true,
-            Tags::List(l) => l.iter().any(|(_, o)| parse_etag(o) == Some(v)),
+            Tags::List(l) => l.iter().any(|(_, o)| parse_etag(o) == Some((v, coding))),
         }
     }
 
-    /// The versions named by strong tags (weak tags never match strongly), or by all tags.
-    fn versions(&self, include_weak: bool) -> Vec<Version> {
+    /// The representations named by strong tags (weak tags never match strongly), or by all.
+    fn representations(&self, include_weak: bool) -> Vec<(Version, Coding)> {
         match self {
             Tags::Any => Vec::new(),
             Tags::List(l) => l.iter().filter(|(w, _)| include_weak || !w).filter_map(|(_, o)| parse_etag(o)).collect(),
         }
+    }
+
+    /// The versions the tags name, whichever representation: a write replaces the value, and
+    /// either tag of it names what it replaces.
+    fn versions(&self, include_weak: bool) -> Vec<Version> {
+        self.representations(include_weak).into_iter().map(|(v, _)| v).collect()
     }
 }
 
@@ -167,19 +216,19 @@ fn date(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
 /// Whether a GET or HEAD of an existing value fails `If-Match` (strong comparison) or, without
 /// it, `If-Unmodified-Since` (RFC 9110 §13.2.2 steps 1–2): answered 412, so that a client
 /// downloading a value in parts never gets parts of two versions.
-pub fn read_precondition_failed(headers: &HeaderMap, v: &Value) -> bool {
+pub fn read_precondition_failed(headers: &HeaderMap, v: &Value, coding: Coding) -> bool {
     match Tags::of(headers, &IF_MATCH) {
         Some(Tags::Any) => false,
-        Some(t) => !t.versions(false).contains(&v.version()),
+        Some(t) => !t.representations(false).contains(&(v.version(), coding)),
         None => date(headers, &IF_UNMODIFIED_SINCE).is_some_and(|since| modified_secs(v) > since),
     }
 }
 
 /// Whether a GET or HEAD should answer 304 (RFC 9110 §13.2.2 steps 3–4: `If-None-Match`
 /// decides when present, else `If-Modified-Since`).
-pub fn not_modified(headers: &HeaderMap, v: &Value) -> bool {
+pub fn not_modified(headers: &HeaderMap, v: &Value, coding: Coding) -> bool {
     if let Some(tags) = Tags::of(headers, &IF_NONE_MATCH) {
-        return tags.matches_weakly(v.version());
+        return tags.matches_weakly(v.version(), coding);
     }
     date(headers, &IF_MODIFIED_SINCE).is_some_and(|since| modified_secs(v) <= since)
 }
@@ -190,7 +239,8 @@ pub fn not_modified(headers: &HeaderMap, v: &Value) -> bool {
 pub fn if_range_holds(headers: &HeaderMap, v: &Value) -> bool {
     let Some(h) = headers.get(IF_RANGE) else { return true };
     let opaque = h.to_str().ok().map(str::trim).and_then(|h| h.strip_prefix('"')).and_then(|q| q.strip_suffix('"'));
-    opaque.is_some_and(|o| parse_etag(o) == Some(v.version()))
+    // Ranges are of the value itself, never of its coded bytes.
+    opaque.is_some_and(|o| parse_etag(o) == Some((v.version(), Coding::Identity)))
 }
 
 fn secs(t: SystemTime) -> u64 {
@@ -331,9 +381,16 @@ mod tests {
         let v = Version { len: 1234, crc: 0xdead_beef, stored_ms: 1_700_000_000_123 };
         let tag = etag(v);
         let s = tag.to_str().unwrap();
-        assert_eq!(parse_etag(&s[1..s.len() - 1]), Some(v));
+        assert_eq!(parse_etag(&s[1..s.len() - 1]), Some((v, Coding::Identity)));
         let h = headers(&[("if-none-match", &format!("\"x\", W/{s}"))]);
-        assert!(Tags::of(&h, &IF_NONE_MATCH).unwrap().matches_weakly(v));
+        assert!(Tags::of(&h, &IF_NONE_MATCH).unwrap().matches_weakly(v, Coding::Identity));
+        assert!(!Tags::of(&h, &IF_NONE_MATCH).unwrap().matches_weakly(v, Coding::Zstd));
+        let z = etag_of(v, Coding::Zstd);
+        let zs = z.to_str().unwrap();
+        assert_eq!(zs, format!("{}-zstd\"", &s[..s.len() - 1]));
+        assert_eq!(parse_etag(&zs[1..zs.len() - 1]), Some((v, Coding::Zstd)));
+        let h = headers(&[("if-match", zs)]);
+        assert_eq!(write_preconditions(&h), vec![Precondition::OneOf(vec![v])], "either tag names the version written");
         let h = headers(&[("if-match", &format!("W/{s}"))]);
         assert_eq!(write_preconditions(&h), vec![Precondition::OneOf(vec![])], "weak tags never match strongly");
         let h = headers(&[("if-match", s), ("if-none-match", "*")]);
@@ -342,6 +399,29 @@ mod tests {
         let loose = s[1..s.len() - 1].to_uppercase();
         assert_eq!(parse_etag(&loose), None, "strong comparison is byte for byte");
         assert_eq!(parse_etag(&format!("0{}", &s[1..s.len() - 1])), None);
+    }
+
+    #[test]
+    fn accept_encoding_takes_zstd_by_name_or_by_star_unless_refused() {
+        for (value, takes) in [
+            ("zstd", true),
+            ("gzip, deflate, br, zstd", true),
+            ("gzip;q=1.0, ZSTD;q=0.5", true),
+            ("zstd;q=0", false),
+            ("zstd;q=0.000, *", false),
+            ("*", true),
+            ("*;q=0", false),
+            ("gzip, br", false),
+            ("identity", false),
+            ("zstdx", false),
+        ] {
+            assert_eq!(accepts_zstd(&headers(&[("accept-encoding", value)])), takes, "{value}");
+        }
+        assert!(!accepts_zstd(&HeaderMap::new()));
+        assert!(
+            accepts_zstd(&headers(&[("accept-encoding", "gzip"), ("accept-encoding", "zstd")])),
+            "every line counts"
+        );
     }
 
     #[test]

@@ -15,11 +15,12 @@ pub(crate) async fn read(
     store: &Store,
     key: &[u8],
     part: Part,
+    coded: bool,
 ) -> larder_engine::Result<Option<Value>> {
-    match store.get(key, &ReadOptions { part, nonblocking: true }) {
+    match store.get(key, &ReadOptions { part, nonblocking: true, coded }) {
         Err(e) if e.kind() == ErrorKind::WouldBlock => {
             let key = key.to_vec();
-            blocking(app, move |store| store.get(&key, &ReadOptions { part, nonblocking: false })).await
+            blocking(app, move |store| store.get(&key, &ReadOptions { part, nonblocking: false, coded })).await
         }
         found => found,
     }
@@ -42,19 +43,20 @@ impl Read {
 }
 
 /// [`read`] for a GET's body: memory and page-cache hits inline; on the blocking pool, a large
-/// value (longer than a chunk) comes back as a reader.
+/// value (longer than a chunk) comes back as a reader. `coded`: as `ReadOptions::coded`.
 pub(crate) async fn read_body_of(
     app: &Arc<App>,
     store: &Store,
     key: &[u8],
     part: Part,
+    coded: bool,
 ) -> larder_engine::Result<Option<Read>> {
     let pieces = |key: Vec<u8>| blocking(app, move |store| Ok(store.reader(&key, part)?.map(Read::Pieces)));
-    match store.get(key, &ReadOptions { part, nonblocking: true }) {
+    match store.get(key, &ReadOptions { part, nonblocking: true, coded }) {
         Err(e) if e.kind() == ErrorKind::TooLarge => pieces(key.to_vec()).await,
         Err(e) if e.kind() == ErrorKind::WouldBlock => {
             let k = key.to_vec();
-            match blocking(app, move |store| store.get(&k, &ReadOptions { part, nonblocking: false })).await {
+            match blocking(app, move |store| store.get(&k, &ReadOptions { part, nonblocking: false, coded })).await {
                 Err(e) if e.kind() == ErrorKind::TooLarge => pieces(key.to_vec()).await,
                 found => found.map(|v| v.map(Read::Value)),
             }

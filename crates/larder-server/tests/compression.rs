@@ -158,3 +158,158 @@ fn files_debian_installs_store_in_a_third_and_read_back_whole() {
     assert!(run.status.success(), "{stdout}{stderr}");
     assert!(stdout.contains("every file byte-identical"), "{stdout}");
 }
+
+/// A GET that accepts zstd gets a value stored as a Zstandard frame as it is, with its own
+/// ETag; every other client gets the value; both carry `Vary`. Ranges are of the value;
+/// either tag names the version for a write's `If-Match`. On both HTTP servers.
+#[test]
+fn clients_that_accept_zstd_get_the_stored_frame_and_others_the_value() {
+    for http in ["native", "hyper"] {
+        let s = Server::start(&["--compression", "zstd", "--http-server", http, "--memory-capacity", "64MiB"]);
+        let mut c = s.client();
+        let v = page(4096, 3);
+        assert_eq!(c.put("/p", &v).status, 200);
+        let mut jpeg = b"\xff\xd8\xff\xe0".to_vec();
+        jpeg.extend(bytes(5, 4000));
+        assert_eq!(c.put("/img", &jpeg).status, 200);
+        let zstd = [("Accept-Encoding", "gzip, zstd")];
+        // Twice: from disk, then from the memory tier (where it is not decoded at all).
+        let mut tags = Vec::new();
+        for round in 0..3 {
+            let z = c.request("GET", "/p", &zstd, b"");
+            assert_eq!(
+                (z.status, z.header("content-encoding"), z.header("vary")),
+                (200, Some("zstd"), Some("accept-encoding")),
+                "{http} {round}"
+            );
+            assert!(z.body.len() < v.len() / 2);
+            assert_eq!(zstd::bulk::decompress(&z.body, v.len()).unwrap(), v, "{http} {round}: the frame is the value");
+            let id = c.get("/p");
+            assert_eq!(
+                (id.status, id.header("content-encoding"), id.header("vary")),
+                (200, None, Some("accept-encoding"))
+            );
+            assert!(id.body == v);
+            let (zt, it) = (z.header("etag").unwrap().to_string(), id.header("etag").unwrap().to_string());
+            assert_ne!(zt, it, "the two representations have their own tags");
+            assert!(zt.ends_with("-zstd\""), "{zt}");
+            tags.push((zt, it, z.header("x-cache").map(str::to_string)));
+        }
+        assert_eq!(tags[2].2.as_deref(), Some("MEMC"), "{http}: served from memory: {tags:?}");
+        let (zt, it) = (tags[0].0.clone(), tags[0].1.clone());
+        // Revalidation: a 304 only for the tag of the representation the client would get.
+        let r = c.request("GET", "/p", &[("Accept-Encoding", "zstd"), ("If-None-Match", &zt)], b"");
+        assert_eq!((r.status, r.header("etag")), (304, Some(zt.as_str())), "{http}");
+        let r = c.request("GET", "/p", &[("Accept-Encoding", "zstd"), ("If-None-Match", &it)], b"");
+        assert_eq!((r.status, r.header("content-encoding")), (200, Some("zstd")), "{http}");
+        let r = c.request("GET", "/p", &[("If-None-Match", &it)], b"");
+        assert_eq!(r.status, 304);
+        let r = c.request("GET", "/p", &[("If-None-Match", &zt)], b"");
+        assert_eq!((r.status, r.body.len()), (200, v.len()));
+        // HEAD describes the representation a GET would carry.
+        let h = c.request("HEAD", "/p", &zstd, b"");
+        let coded_len = c.request("GET", "/p", &zstd, b"").body.len().to_string();
+        assert_eq!(
+            (h.header("content-encoding"), h.header("content-length")),
+            (Some("zstd"), Some(coded_len.as_str()))
+        );
+        let h = c.request("HEAD", "/p", &[], b"");
+        assert_eq!((h.header("content-encoding"), h.header("content-length")), (None, Some("4096")));
+        // A range is of the value, whatever the client accepts.
+        let r = c.request("GET", "/p", &[("Accept-Encoding", "zstd"), ("Range", "bytes=10-19")], b"");
+        assert_eq!((r.status, r.header("content-encoding"), &r.body[..]), (206, None, &v[10..20]));
+        // If-Match on a GET compares the representation; on a write, either names the version.
+        let r = c.request("GET", "/p", &[("Accept-Encoding", "zstd"), ("If-Match", &it)], b"");
+        assert_eq!(r.status, 412);
+        let r = c.request("PUT", "/p", &[("If-Match", &zt)], &page(4096, 4));
+        assert_eq!(r.status, 200, "{http}");
+        // A value stored raw does not vary.
+        let r = c.request("GET", "/img", &zstd, b"");
+        assert_eq!((r.status, r.header("content-encoding"), r.header("vary")), (200, None, None));
+        assert!(r.body == jpeg);
+    }
+    // Stored with lz4 (no content coding to send): always the value, never Vary.
+    let s = Server::start(&["--compression", "lz4"]);
+    let mut c = s.client();
+    assert_eq!(c.put("/p", &page(4096, 3)).status, 200);
+    let r = c.request("GET", "/p", &[("Accept-Encoding", "zstd, lz4")], b"");
+    assert_eq!((r.header("content-encoding"), r.header("vary"), r.body.len()), (None, None, 4096));
+}
+
+/// nginx's `proxy_cache` in front keeps the two representations apart by `Vary`: a client
+/// that accepts zstd and one that does not each get theirs, from larder and then from nginx's
+/// cache. nginx is installed by scripts/install-bench-deps.sh; without it this test fails.
+#[test]
+fn a_cache_in_front_keeps_the_coded_and_the_plain_answer_apart() {
+    let s = Server::start(&["--compression", "zstd"]);
+    let v = page(8192, 8);
+    assert_eq!(s.client().put("/doc/page.html", &v).status, 200);
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1);
+    let d = dir.path().display();
+    let conf = format!(
+        r#"daemon off;
+master_process off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 64; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/tmp;
+  proxy_temp_path {d}/tmp;
+  fastcgi_temp_path {d}/tmp;
+  uwsgi_temp_path {d}/tmp;
+  scgi_temp_path {d}/tmp;
+  proxy_cache_path {d}/cache keys_zone=front:1m;
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://{larder};
+      proxy_http_version 1.1;
+      proxy_cache front;
+      proxy_cache_valid 200 10m;
+      proxy_ignore_headers Cache-Control Expires;
+      add_header X-Front $upstream_cache_status;
+    }}
+  }}
+}}
+"#,
+        larder = s.addr
+    );
+    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+    std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
+    let mut nginx = Command::new("/usr/sbin/nginx")
+        .args(["-p", dir.path().to_str().unwrap(), "-c", dir.path().join("nginx.conf").to_str().unwrap(), "-e"])
+        .arg(dir.path().join("error.log"))
+        .spawn()
+        .expect("/usr/sbin/nginx: scripts/install-bench-deps.sh installs it");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut up = false;
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(addr).is_ok() {
+            up = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(up, "nginx did not start: {}", std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default());
+    let mut front = Client::connect(addr);
+    let mut seen = Vec::new();
+    for (round, accepts) in [(0, true), (0, false), (1, true), (1, false), (2, false), (2, true)] {
+        let headers: &[(&str, &str)] = if accepts { &[("Accept-Encoding", "zstd")] } else { &[] };
+        let r = front.request("GET", "/doc/page.html", headers, b"");
+        assert_eq!(r.status, 200);
+        if accepts {
+            assert_eq!(r.header("content-encoding"), Some("zstd"), "round {round}");
+            assert_eq!(zstd::bulk::decompress(&r.body, v.len()).unwrap(), v, "round {round}");
+        } else {
+            assert_eq!(r.header("content-encoding"), None, "round {round}: a plain client got the coded answer");
+            assert!(r.body == v, "round {round}");
+        }
+        seen.push((accepts, r.header("x-front").unwrap_or("-").to_string()));
+    }
+    let _ = nginx.kill();
+    let _ = nginx.wait();
+    assert_eq!(&seen[..2].iter().map(|s| s.1.as_str()).collect::<Vec<_>>(), &["MISS", "MISS"], "{seen:?}");
+    assert!(seen[2..].iter().all(|s| s.1 == "HIT"), "each representation cached on its own: {seen:?}");
+}

@@ -228,7 +228,11 @@ impl Disk {
                     other => other,
                 });
             }
-            return Ok(Got::Value(part_of(loc, &h, Bytes::new(), (0, c.len, c.crc), &meta), h.generation));
+            let mut v = part_of(loc, &h, Bytes::new(), (0, c.len, c.crc), &meta);
+            // Names the coding (not its bytes, which were not read): a door's choice of
+            // representation depends on it.
+            v.coded = Codec::from_id(c.codec).map(|codec| CodedBytes { codec, data: Bytes::new() });
+            return Ok(Got::Value(v, h.generation));
         }
         let len = h.value_len as u64;
         let (start, end) = match part {

@@ -104,7 +104,7 @@ impl Store {
     /// Looks in the memory tier first. A disk read of a whole value that another thread is
     /// already making for the same record is shared rather than repeated.
     pub fn get(&self, key: &[u8], opts: &ReadOptions) -> Result<Option<Value>> {
-        self.get_part_inner(key, opts.part, !opts.nonblocking)?.ok_or_else(Error::would_block)
+        self.get_part_inner(key, opts.part, !opts.nonblocking, opts.coded)?.ok_or_else(Error::would_block)
     }
 
     /// Deletes `key` if the preconditions of `opts` hold for its current value (checked

@@ -10,7 +10,7 @@ use crate::disk::{decode_checked, Got, Seen};
 use crate::format::meta;
 use crate::memory::flight::{Join, Target};
 use crate::memory::{Cached, Settled};
-use crate::types::{CodedBytes, Part, Tier, Value};
+use crate::types::{Codec, CodedBytes, Part, Tier, Value};
 use crate::Result;
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -24,19 +24,26 @@ impl Target for Seen {
     }
 }
 
-/// The value memory holds, decoded if memory holds it coded; `None` if that fails (which
-/// only a bug can make happen: memory holds what a write coded or a verified read found).
-pub(super) fn from_cached(c: Cached) -> Option<Value> {
+/// The value memory holds, decoded if memory holds it coded (unless `send_zstd` and it is
+/// coded with Zstandard: then `data` stays empty); `None` if decoding fails (which only a bug
+/// can make happen: memory holds what a write coded or a verified read found).
+pub(super) fn from_cached(c: Cached, send_zstd: bool) -> Option<Value> {
     let Cached { data, coded, position, stored_ms, expiry_ms, crc, content_type, attrs, flags, stale } = c;
+    let mut len = data.len() as u64;
     let (data, coded) = match coded {
         None => (data, None),
-        Some((codec, len)) => {
+        Some((Codec::Zstd, n)) if send_zstd => {
+            len = n;
+            (Bytes::new(), Some(CodedBytes { codec: Codec::Zstd, data }))
+        }
+        Some((codec, n)) => {
+            len = n;
             let entry = meta::Coded { codec: codec.id(), dictionary: 0, len, crc };
             let (value, codec) = decode_checked(&data, &entry).ok()?;
             (value, Some(CodedBytes { codec, data }))
         }
     };
-    let (start, len) = (0, data.len() as u64);
+    let start = 0;
     Some(Value {
         data,
         start,
@@ -76,9 +83,15 @@ fn to_cached(v: &Value) -> Cached {
 }
 
 impl Store {
-    pub(super) fn get_part_inner(&self, key: &[u8], part: Part, wait: bool) -> Result<Option<Option<Value>>> {
+    pub(super) fn get_part_inner(
+        &self,
+        key: &[u8],
+        part: Part,
+        wait: bool,
+        send_zstd: bool,
+    ) -> Result<Option<Option<Value>>> {
         if part == Part::Whole {
-            return self.get_inner(key, wait);
+            return self.get_inner(key, wait, send_zstd);
         }
         check_key(key)?;
         let sh = &*self.disk;
@@ -86,7 +99,7 @@ impl Store {
         // Hits and misses count reads of values: a look at a value's description (a HEAD, a
         // revalidation, a conditional write's early check) is not one.
         let count = part != Part::Nothing;
-        if let Some(v) = self.memory_hit(hash, key, count) {
+        if let Some(v) = self.memory_hit(hash, key, count, false) {
             return Ok(Some(Some(v.narrow(part))));
         }
         let mut found = None;
@@ -118,8 +131,9 @@ impl Store {
         Ok(Some(found))
     }
 
-    /// A memory hit (counted if `count`); an expired entry is dropped.
-    fn memory_hit(&self, hash: u64, key: &[u8], count: bool) -> Option<Value> {
+    /// A memory hit (counted if `count`); an expired entry is dropped. With `send_zstd`, a
+    /// value held coded with Zstandard is not decoded (see `ReadOptions::coded`).
+    fn memory_hit(&self, hash: u64, key: &[u8], count: bool, send_zstd: bool) -> Option<Value> {
         let sh = &*self.disk;
         let m = self.memory.as_ref()?;
         let c = m.get(key)?;
@@ -127,7 +141,7 @@ impl Store {
             self.reconcile_memory(hash, key, None);
             return None;
         }
-        let Some(v) = from_cached(c) else {
+        let Some(v) = from_cached(c, send_zstd) else {
             sh.ring.counters.decode_failures.fetch_add(1, Ordering::Relaxed);
             tracing::error!("a value memory held coded did not decode; dropped from memory");
             self.reconcile_memory(hash, key, None);
@@ -140,11 +154,11 @@ impl Store {
         Some(v)
     }
 
-    pub(super) fn get_inner(&self, key: &[u8], wait: bool) -> Result<Option<Option<Value>>> {
+    pub(super) fn get_inner(&self, key: &[u8], wait: bool, send_zstd: bool) -> Result<Option<Option<Value>>> {
         check_key(key)?;
         let sh = &*self.disk;
         let hash = sh.ring.hash(key);
-        if let Some(v) = self.memory_hit(hash, key, true) {
+        if let Some(v) = self.memory_hit(hash, key, true, send_zstd) {
             return Ok(Some(Some(v)));
         }
         // The record to read is looked up once, before a shared read is joined: a read in the

@@ -161,7 +161,8 @@ impl Store {
         // The description and the table must come from the same head: a write in between
         // (rare) makes the look go round again.
         for _ in 0..3 {
-            let Some(head) = self.get(key, &ReadOptions { part: Part::Nothing, nonblocking: false })? else {
+            let Some(head) = self.get(key, &ReadOptions { part: Part::Nothing, nonblocking: false, coded: false })?
+            else {
                 return Ok(None);
             };
             let (start, end) = match part {
@@ -180,7 +181,7 @@ impl Store {
                     Pieces::Chunks { head: loc, generation, chunks, next: 0, at: 0, start, end }
                 }
                 Some(_) => continue,
-                None => match self.get(key, &ReadOptions { part, nonblocking: false })? {
+                None => match self.get(key, &ReadOptions { part, nonblocking: false, coded: false })? {
                     Some(v) if v.version() == head.version() => Pieces::Whole(Some(v.data)),
                     Some(_) => continue,
                     None => return Ok(None),

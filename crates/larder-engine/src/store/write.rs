@@ -666,7 +666,7 @@ impl Store {
             nonblocking: false,
         };
         // Written anew, but the same value: its store time, and so its version, stay.
-        let Some(value) = super::read::from_cached(c.clone()) else { return Ok(None) };
+        let Some(value) = super::read::from_cached(c.clone(), false) else { return Ok(None) };
         match self.put_inner(key, &[&value.data], &opts, true, Some(c.stored_ms)) {
             Ok(stored) => Ok(Some(stored.expect("a put that may wait completes").version)),
             Err(e) if e.kind() == ErrorKind::PreconditionFailed => Ok(None),

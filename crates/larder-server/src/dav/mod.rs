@@ -92,7 +92,7 @@ async fn mkcol(app: &Arc<App>, store: &Store, key: &[u8], req: &Request<Incoming
         return text(StatusCode::FORBIDDEN, "collections are paths ending in /: MKCOL <path>/\n");
     }
     if !key.is_empty() {
-        match read(app, store, key, Part::Nothing).await {
+        match read(app, store, key, Part::Nothing, false).await {
             Ok(Some(_)) => return method_not_allowed(ALLOWED),
             Ok(None) => {}
             Err(e) => return engine_error(&e, Op::Read),
@@ -145,7 +145,7 @@ async fn propfind(app: &Arc<App>, store: &Store, key: &[u8], req: Request<Incomi
     let mut out = xml::open_multistatus();
     if !is_collection(key) {
         // A key: the same whatever the depth (a resource that is not a collection has no members).
-        let v = match read(app, store, key, Part::Nothing).await {
+        let v = match read(app, store, key, Part::Nothing, false).await {
             Ok(Some(v)) => v,
             Ok(None) => return text(StatusCode::NOT_FOUND, "not found\n"),
             Err(e) => return engine_error(&e, Op::Read),

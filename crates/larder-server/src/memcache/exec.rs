@@ -120,7 +120,7 @@ async fn get(
 ) -> Result<(), End> {
     let command = command_index(name);
     for &key in keys {
-        let found = match (read_body_of(&c.app, store, key, Part::Whole).await, touch) {
+        let found = match (read_body_of(&c.app, store, key, Part::Whole, false).await, touch) {
             (Ok(found), Some(t)) => item::touch_after_read(c, key, found, t).await,
             (found, None) => found,
             (Err(e), _) => Err(e),
@@ -222,7 +222,7 @@ async fn store_cmd(
 /// Before a storage command that someone watches: the lookup of the key a store makes
 /// first, as memcached's does (its watchers see an `item_get` for it).
 async fn before_store(c: &Conn, store: &Store, key: &[u8]) {
-    let prior = read_body_of(&c.app, store, key, Part::Nothing).await.ok().flatten();
+    let prior = read_body_of(&c.app, store, key, Part::Nothing, false).await.ok().flatten();
     c.listener.log.item_get(key, prior.map(|f| f.value().len), c.id);
 }
 

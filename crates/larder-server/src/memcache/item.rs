@@ -133,7 +133,7 @@ pub async fn write(c: &Conn, op: StoreOp, put: Put, data: Bytes) -> larder_engin
 /// After a write refused for its condition (a cas, a replace): `Exists` when the key has a
 /// value (another version), `NotFound` when it has none.
 pub fn lost(s: &Store, key: &[u8], wait: bool) -> larder_engine::Result<Answer> {
-    let found = s.get(key, &ReadOptions { part: Part::Nothing, nonblocking: !wait })?;
+    let found = s.get(key, &ReadOptions { part: Part::Nothing, nonblocking: !wait, coded: false })?;
     Ok(if found.is_some() { Answer::Exists } else { Answer::NotFound })
 }
 
@@ -189,7 +189,7 @@ fn modify<A, M>(
     mut edit: impl FnMut(Option<&Value>) -> larder_engine::Result<Edit<A, M>>,
 ) -> larder_engine::Result<Modified<A, M>> {
     for _ in 0..ROUNDS {
-        let v = s.get(key, &ReadOptions { part: Part::Whole, nonblocking: !wait })?;
+        let v = s.get(key, &ReadOptions { part: Part::Whole, nonblocking: !wait, coded: false })?;
         if let Some(v) = &v {
             if cas.is_some_and(|c| c != 0 && c != v.stored_ms) {
                 return Ok(Modified::Exists);
@@ -333,7 +333,8 @@ pub async fn touch(c: &Conn, store: &Store, key: &[u8], exptime: i64) -> larder_
     let (k, e) = (key.to_vec(), expiry(exptime));
     let Some(v) = blocking(&c.app, move |s| s.touch(&k, e)).await? else { return Ok(Answer::NotFound) };
     // The touch is done: a failure to read the flags back answers 0 for them, not an error.
-    let flags = read_body_of(&c.app, store, key, Part::Nothing).await.ok().flatten().map_or(0, |r| r.value().flags);
+    let flags =
+        read_body_of(&c.app, store, key, Part::Nothing, false).await.ok().flatten().map_or(0, |r| r.value().flags);
     Ok(Answer::Touched { cas: v.stored_ms, flags })
 }
 

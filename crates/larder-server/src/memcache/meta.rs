@@ -60,7 +60,7 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     let app = c.app.clone();
     let part = if f.value { Part::Whole } else { Part::Nothing };
     // With `T`, the value found is given its new TTL after the read (as gat's).
-    let found = read_body_of(&app, store, &key, part).await;
+    let found = read_body_of(&app, store, &key, part, false).await;
     let found = match (found, f.ttl) {
         (Ok(found), Some(t)) => item::touch_after_read(c, &key, found, t).await,
         (found, _) => found,
@@ -90,7 +90,7 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
                     return Ok(());
                 }
             }
-            found = read_body_of(&app, store, &key, part).await.unwrap_or(None);
+            found = read_body_of(&app, store, &key, part, false).await.unwrap_or(None);
             if let Some(t) = f.ttl {
                 found = item::touch_after_read(c, &key, found, t).await.unwrap_or(None);
             }
@@ -307,7 +307,7 @@ fn ms_write(
     wait: bool,
 ) -> larder_engine::Result<(u64, Option<u64>)> {
     let opts = PutOptions { nonblocking: !wait, ..put.options() };
-    let reading = |part| ReadOptions { part, nonblocking: !wait };
+    let reading = |part| ReadOptions { part, nonblocking: !wait, coded: false };
     match op {
         StoreOp::Append | StoreOp::Prepend => {
             match item::concat(s, &put.key, data, op == StoreOp::Append, cas, wait)? {
@@ -352,7 +352,7 @@ async fn me(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
         }
     }
     let app = c.app.clone();
-    let Some(found) = read_body_of(&app, store, &key, Part::Nothing).await.ok().flatten() else {
+    let Some(found) = read_body_of(&app, store, &key, Part::Nothing, false).await.ok().flatten() else {
         error_line(c, "EN");
         return Ok(());
     };

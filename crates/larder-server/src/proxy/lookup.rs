@@ -131,7 +131,7 @@ pub(super) async fn lookup(
 ) -> Option<Entry> {
     let mut key = key.to_vec();
     for _ in 0..2 {
-        let read = match storeio::read_body_of(app, store, &key, part).await {
+        let read = match storeio::read_body_of(app, store, &key, part, false).await {
             Ok(Some(r)) => r,
             Ok(None) => return None,
             Err(e) => {
@@ -199,7 +199,7 @@ pub(super) async fn judge(
 /// one if there is none.
 pub(super) async fn marker(app: &Arc<App>, key: &[u8], uri: &[u8], names: &[HeaderName]) -> Option<u64> {
     let store = app.store.get().expect("store is ready");
-    if let Ok(Some(r)) = storeio::read_body_of(app, store, key, Part::Nothing).await {
+    if let Ok(Some(r)) = storeio::read_body_of(app, store, key, Part::Nothing, false).await {
         let v = r.value();
         if let Some(s) = v.attrs.as_deref().and_then(Stored::decode) {
             if s.kind == Kind::VaryMarker && s.uri == uri && vary_names(&s.headers) == names {

@@ -105,7 +105,7 @@ pub(super) async fn serve(
     // The read was of the range; a range that does not apply needs the whole body.
     if range.is_some() && ranged.is_none() {
         let stored_ms = e.value().stored_ms;
-        match storeio::read_body_of(app, store, &e.key, Part::Whole).await {
+        match storeio::read_body_of(app, store, &e.key, Part::Whole, false).await {
             Ok(Some(r)) if r.value().stored_ms == stored_ms => e.read = r,
             _ => return text(StatusCode::SERVICE_UNAVAILABLE, "the stored response changed while read; try again\n"),
         }
