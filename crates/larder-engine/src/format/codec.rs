@@ -52,35 +52,42 @@ const COMPRESSED_MAGIC: &[&[u8]] = &[
 ];
 
 /// Bits of order-0 entropy per byte above which a sample is taken for random (compressed or
-/// encrypted) data: real text and markup sit at 4.5–6, compressed data at 7.9 and more.
-const RANDOM_BITS: f64 = 7.5;
-/// Bytes of a value the entropy probe looks at, in slices spread over it.
-const PROBE_SLICE: usize = 512;
-const PROBE_SLICES: usize = 8;
+/// encrypted) data: real text and markup sit at 4.5–6, compressed data at 7.8 and more (in a
+/// sample this short: the estimate runs low by about 0.2 bits).
+const RANDOM_BITS: f32 = 7.5;
+/// The entropy probe looks at this many slices of this many bytes, spread over the value.
+const PROBE_SLICE: usize = 256;
+const PROBE_SLICES: usize = 4;
+const PROBED: usize = PROBE_SLICE * PROBE_SLICES;
+
+/// `c · log2 c` for every count a sample can hold: the probe sums these instead of calling
+/// `log2` per byte value, which cost it five times as much.
+fn n_log_n() -> &'static [f32; PROBED + 1] {
+    static TABLE: std::sync::OnceLock<[f32; PROBED + 1]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|c| if c == 0 { 0.0 } else { c as f32 * (c as f32).log2() }))
+}
 
 /// Whether `value` is worth trying to code: not a known compressed format, and (for a value
-/// long enough to tell) not random-looking. Costs a few hundred nanoseconds on 4 KiB.
+/// long enough to tell) not random-looking. Costs well under a microsecond.
 pub fn worth_trying(value: &[u8]) -> bool {
     if COMPRESSED_MAGIC.iter().any(|m| value.starts_with(m)) {
         return false;
     }
     // Shorter samples read as less random than they are; the eighth rule decides for them.
-    if value.len() < 2 * PROBE_SLICE {
+    if value.len() < PROBED {
         return true;
     }
-    let mut counts = [0u32; 256];
-    let mut total = 0usize;
-    let step = value.len() / PROBE_SLICES;
+    let mut counts = [0u16; 256];
+    let step = (value.len() - PROBE_SLICE) / (PROBE_SLICES - 1);
     for i in 0..PROBE_SLICES {
-        let at = (i * step).min(value.len() - PROBE_SLICE.min(value.len()));
-        for &b in &value[at..(at + PROBE_SLICE).min(value.len())] {
+        for &b in &value[i * step..i * step + PROBE_SLICE] {
             counts[b as usize] += 1;
         }
-        total += PROBE_SLICE.min(value.len() - at);
     }
-    let n = total as f64;
-    let bits: f64 = counts.iter().filter(|&&c| c > 0).map(|&c| c as f64 / n).map(|p| -p * p.log2()).sum();
-    bits < RANDOM_BITS
+    // H = log2 N − Σ c·log2 c / N, for N = PROBED.
+    let table = n_log_n();
+    let sum: f32 = counts.iter().map(|&c| table[c as usize]).sum();
+    (PROBED as f32).log2() - sum / (PROBED as f32) < RANDOM_BITS
 }
 
 /// `value` coded with `codec` at `level`, when that saves at least an eighth of its length;
@@ -200,9 +207,15 @@ mod tests {
         jpeg.extend(html(4000));
         assert_eq!(encode(Codec::Zstd, 3, &jpeg), Err(Raw::Probed), "a known magic is not tried");
         assert_eq!(encode(Codec::Zstd, 3, &random(4096, 7)), Err(Raw::Probed), "random bytes are not tried");
+        assert_eq!(encode(Codec::Zstd, 3, &random(1024, 5)), Err(Raw::Probed), "the shortest value probed");
+        assert_eq!(encode(Codec::Zstd, 3, &random(1 << 20, 6)), Err(Raw::Probed));
         // Too short for the probe to tell: tried, and kept raw by the eighth rule.
         assert_eq!(encode(Codec::Zstd, 3, &random(600, 9)), Err(Raw::NoGain));
         assert_eq!(encode(Codec::Lz4, 0, &random(600, 9)), Err(Raw::NoGain));
+        // Text is tried however long, and so is text with a random stretch inside.
+        let mut mixed = html(8192);
+        mixed[2000..3000].copy_from_slice(&random(1000, 4));
+        assert!(worth_trying(&html(1024)) && worth_trying(&html(1 << 20)) && worth_trying(&mixed));
     }
 
     #[test]
