@@ -66,15 +66,15 @@ def corpus(group: str, per_group: int) -> List[Tuple[str, bytes]]:
 
 
 class Larder:
-    def __init__(self, binary: str, data: str, args: List[str]):
-        self.binary, self.data, self.args = binary, data, args
+    def __init__(self, binary: str, data: str, args: List[str],
+                 ring: List[str] = ["--volume-size", "256MiB", "--volume-count", "8"]):
+        self.binary, self.data, self.args, self.ring = binary, data, args, ring
         self.start()
 
     def start(self) -> None:
         self.http, self.mc = free_port(), free_port()
         cmd = [self.binary, "serve", "--listen", f"127.0.0.1:{self.http}", "--memcache-listen",
-               f"127.0.0.1:{self.mc}", "--data-dir", self.data, "--volume-size", "256MiB",
-               "--volume-count", "8", "--log-level", "error"] + self.args
+               f"127.0.0.1:{self.mc}", "--data-dir", self.data, "--log-level", "error"] + self.ring + self.args
         self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
         deadline = time.time() + 60
         while True:
