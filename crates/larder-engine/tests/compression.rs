@@ -6,7 +6,7 @@
 use larder_engine::format::record::{self, HEADER_LEN};
 use larder_engine::format::volume::{volume_path, VolumeHeader};
 use larder_engine::{
-    ByteRange, Codec, Compression, Expiry, FsyncPolicy, MemoryConfig, Part, PutOptions, ReadOptions, Store,
+    ByteRange, Codec, Compression, ErrorKind, Expiry, FsyncPolicy, MemoryConfig, Part, PutOptions, ReadOptions, Store,
     StoreConfig, Tier,
 };
 use std::path::Path;
@@ -271,4 +271,40 @@ fn a_caller_that_sends_coded_bytes_gets_them_undecoded_from_memory() {
     let got = s.get(b"p", &coded).unwrap().unwrap();
     assert_eq!((got.tier, &got.data[..]), (Tier::Disk, &v[..]));
     assert_eq!(zstd::bulk::decompress(&got.coded.unwrap().data, 4096).unwrap(), v);
+}
+
+#[test]
+fn values_sent_coded_are_kept_as_sent_once_they_decode() {
+    let dir = tempfile::tempdir().unwrap();
+    // Compression off: a value that arrives coded is kept coded all the same.
+    let s = Store::open(config(dir.path(), None, 1 << 20)).unwrap();
+    let o = PutOptions::default();
+    let v = page(20_000, 12);
+    // Two frames, the first with a checksum: a reader that takes zstd gets exactly these.
+    let mut sent = zstd::bulk::Compressor::new(19).unwrap();
+    sent.include_checksum(true).unwrap();
+    let mut frames = sent.compress(&v[..5000]).unwrap();
+    frames.extend(zstd::bulk::compress(&v[5000..], 1).unwrap());
+    let stored = s.put_coded(b"sent", Codec::Zstd, &frames, &o).unwrap();
+    assert_eq!((stored.version.len, stored.version.crc), (v.len() as u64, crc32c::crc32c(&v)));
+    assert_eq!(read(&s, b"sent"), Some(v.clone()));
+    let coded = ReadOptions { coded: true, ..Default::default() };
+    for _ in 0..2 {
+        let got = s.get(b"sent", &coded).unwrap().unwrap();
+        assert_eq!(&got.coded.unwrap().data[..], &frames[..], "the bytes as sent, from disk and from memory");
+    }
+    assert_eq!(s.stats().coded_puts, 1);
+    for (bytes, kind) in [
+        (&b""[..], ErrorKind::Invalid),
+        (&b"not a frame at all"[..], ErrorKind::Invalid),
+        (&frames[..frames.len() - 3], ErrorKind::Invalid),
+        (&zstd::bulk::compress(&vec![b'a'; (256 << 10) + 1], 3).unwrap()[..], ErrorKind::TooLarge),
+    ] {
+        assert_eq!(s.put_coded(b"bad", Codec::Zstd, bytes, &o).unwrap_err().kind(), kind, "{} bytes", bytes.len());
+    }
+    assert_eq!(s.put_coded(b"bad", Codec::Lz4, b"x", &o).unwrap_err().kind(), ErrorKind::Invalid);
+    assert_eq!(read(&s, b"bad"), None, "nothing refused was stored");
+    drop(s);
+    let report = larder_engine::check::check_dir(dir.path(), &Default::default()).unwrap();
+    assert!(report.clean() && report.coded_records == 1, "{report:?}");
 }

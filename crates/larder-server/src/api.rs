@@ -12,8 +12,8 @@ use crate::storeio::{blocking, body_of, quick, read, read_body_of, Read};
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{
-    HeaderMap, HeaderValue, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE,
-    CONTENT_TYPE, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED, TRANSFER_ENCODING, VARY,
+    HeaderMap, HeaderValue, ACCEPT_ENCODING, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH,
+    CONTENT_RANGE, CONTENT_TYPE, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED, TRANSFER_ENCODING, VARY,
 };
 use hyper::{Response, StatusCode};
 use larder_engine::{
@@ -260,6 +260,19 @@ pub async fn put(app: &Arc<App>, headers: &HeaderMap, body: ReqBody, key: Vec<u8
         Ok(p) => p,
         Err(m) => return text_owned(StatusCode::BAD_REQUEST, m),
     };
+    // A body coded with zstd is stored as sent (and must be one record: at most a chunk); any
+    // other coding is refused before the body is read (RFC 9110 §15.5.16).
+    let coded = match headers::content_coding(headers) {
+        Ok(c) => c,
+        Err(name) => {
+            let mut r = text_owned(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("Content-Encoding {name} is not taken: send the value as it is, or coded with zstd\n"),
+            );
+            r.headers_mut().insert(ACCEPT_ENCODING, HeaderValue::from_static("zstd"));
+            return r;
+        }
+    };
     // A write that is bound to fail its precondition is refused before its body is read
     // (with `Expect: 100-continue` the client does not even send it). The engine checks
     // again, atomically with the write.
@@ -273,8 +286,10 @@ pub async fn put(app: &Arc<App>, headers: &HeaderMap, body: ReqBody, key: Vec<u8
             return text_owned(StatusCode::PRECONDITION_FAILED, format!("precondition failed: {why}\n"));
         }
     }
-    // The store's own limit: it lowers a setting above a quarter of its ring.
-    let limit = app.store.get().expect("store is ready before writes are routed").config().max_value_size;
+    // The store's own limit: it lowers a setting above a quarter of its ring. A coded value
+    // is one record: its coded bytes (and the value, which the store checks) at most a chunk.
+    let config = app.store.get().expect("store is ready before writes are routed").config();
+    let limit = if coded { config.chunk_size.min(config.max_value_size) } else { config.max_value_size };
     let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
         return too_large(limit); // refused before a byte of the body is read
@@ -282,7 +297,7 @@ pub async fn put(app: &Arc<App>, headers: &HeaderMap, body: ReqBody, key: Vec<u8
     // A body longer than a chunk (or of unknown length that may be) goes to disk chunk by
     // chunk as it arrives, holding room for two chunks of it, not the whole.
     let chunk = app.store.get().expect("store is ready before writes are routed").config().chunk_size;
-    let streamed = declared.is_none_or(|n| n > chunk) && limit > chunk;
+    let streamed = declared.is_none_or(|n| n > chunk) && limit > chunk && !coded;
     // A streamed upload takes its turn among them first (each holds a blocking thread).
     let turn = match streamed {
         true => {
@@ -301,7 +316,7 @@ pub async fn put(app: &Arc<App>, headers: &HeaderMap, body: ReqBody, key: Vec<u8
             let len = b.len() as u64;
             charge(&mut room, len, len, held.as_ref()).await;
             let parts = if b.is_empty() { vec![] } else { vec![b] };
-            return write(app, key, parts, len, extra, room).await;
+            return write(app, key, parts, len, extra, room, coded).await;
         }
     };
     if streamed {
@@ -319,14 +334,31 @@ pub async fn put(app: &Arc<App>, headers: &HeaderMap, body: ReqBody, key: Vec<u8
         Err(BodyError::TooSlow) => return too_slow(),
         Err(BodyError::Broken(e)) => return text_owned(StatusCode::BAD_REQUEST, format!("request body: {e}\n")),
     };
-    write(app, key, body, len, extra, room).await
+    write(app, key, body, len, extra, room, coded).await
 }
 
-/// Stores a body read whole (its room in the budget held until it is written).
-async fn write(app: &Arc<App>, key: Vec<u8>, body: Vec<Bytes>, len: u64, extra: PutHeaders, room: Charge) -> Resp {
+/// Stores a body read whole (its room in the budget held until it is written); `coded`, a
+/// body coded with zstd, as it was sent.
+async fn write(
+    app: &Arc<App>,
+    key: Vec<u8>,
+    body: Vec<Bytes>,
+    len: u64,
+    extra: PutHeaders,
+    room: Charge,
+    coded: bool,
+) -> Resp {
     app.metrics.bytes_in.fetch_add(len, Ordering::Relaxed);
+    let body = match (coded, &body[..]) {
+        (true, [_, _, ..]) => vec![Bytes::from(body.concat())],
+        _ => body,
+    };
     let result = quick(app, move |store, wait| {
-        store.put_parts(&key, &parts(&body), &PutOptions { nonblocking: !wait, ..extra.options() })
+        let opts = PutOptions { nonblocking: !wait, ..extra.options() };
+        match coded {
+            true => store.put_coded(&key, Codec::Zstd, body.first().map_or(&[][..], |b| &b[..]), &opts),
+            false => store.put_parts(&key, &parts(&body), &opts),
+        }
     })
     .await;
     // The body is written (or its write failed) and about to be freed: its room goes back.

@@ -31,6 +31,7 @@ const READ_BY_KEY_API: &[&str] = &[
     "accept-encoding",
     "authorization",
     "cache-control",
+    "content-encoding",
     "content-length",
     "content-type",
     "if-match",

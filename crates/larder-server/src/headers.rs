@@ -3,8 +3,8 @@
 //! conditional request headers (RFC 9110 §8.8, §13, §14; RFC 9111 §5.2).
 
 use hyper::header::{
-    HeaderMap, HeaderName, HeaderValue, ACCEPT_ENCODING, CACHE_CONTROL, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH,
-    IF_RANGE, IF_UNMODIFIED_SINCE,
+    HeaderMap, HeaderName, HeaderValue, ACCEPT_ENCODING, CACHE_CONTROL, CONTENT_ENCODING, IF_MATCH, IF_MODIFIED_SINCE,
+    IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE,
 };
 use larder_engine::{ByteRange, Precondition, Value, Version};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -103,6 +103,22 @@ fn parse_etag(opaque: &str) -> Option<(Version, Coding)> {
     let v = Version { len, crc, stored_ms };
     let exact = etag(v).as_bytes()[1..].strip_suffix(b"\"") == Some(opaque.as_bytes());
     (parts.next().is_none() && exact).then_some((v, coding))
+}
+
+/// The content coding of a request body (`Content-Encoding`, RFC 9110 §8.4): `Ok(false)` for
+/// none (or `identity`), `Ok(true)` for `zstd`, which larder stores as sent; any other (or
+/// more than one) is the coding it cannot take.
+pub fn content_coding(headers: &HeaderMap) -> Result<bool, String> {
+    let mut codings = Vec::new();
+    for line in headers.get_all(CONTENT_ENCODING) {
+        let text = line.to_str().map_err(|_| "?".to_string())?;
+        codings.extend(text.split(',').map(str::trim).filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity")));
+    }
+    match codings[..] {
+        [] => Ok(false),
+        [c] if c.eq_ignore_ascii_case("zstd") => Ok(true),
+        _ => Err(codings.join(", ")),
+    }
 }
 
 /// Whether the client takes a Zstandard-coded answer (`Accept-Encoding` names `zstd`, or `*`
@@ -399,6 +415,17 @@ mod tests {
         let loose = s[1..s.len() - 1].to_uppercase();
         assert_eq!(parse_etag(&loose), None, "strong comparison is byte for byte");
         assert_eq!(parse_etag(&format!("0{}", &s[1..s.len() - 1])), None);
+    }
+
+    #[test]
+    fn a_body_coded_with_zstd_or_nothing_is_taken() {
+        assert_eq!(content_coding(&HeaderMap::new()), Ok(false));
+        assert_eq!(content_coding(&headers(&[("content-encoding", "identity")])), Ok(false));
+        assert_eq!(content_coding(&headers(&[("content-encoding", "ZSTD")])), Ok(true));
+        assert_eq!(content_coding(&headers(&[("content-encoding", "gzip")])), Err("gzip".into()));
+        assert_eq!(content_coding(&headers(&[("content-encoding", "zstd, gzip")])), Err("zstd, gzip".into()));
+        let twice = headers(&[("content-encoding", "zstd"), ("content-encoding", "zstd")]);
+        assert!(content_coding(&twice).is_err(), "coded twice is not a zstd frame of the value");
     }
 
     #[test]

@@ -313,3 +313,43 @@ http {{
     assert_eq!(&seen[..2].iter().map(|s| s.1.as_str()).collect::<Vec<_>>(), &["MISS", "MISS"], "{seen:?}");
     assert!(seen[2..].iter().all(|s| s.1 == "HIT"), "each representation cached on its own: {seen:?}");
 }
+
+/// A PUT coded with zstd is stored as sent: a client that accepts zstd gets those bytes, any
+/// other the value; other codings are refused with 415 before anything is stored. With
+/// compression off, on both HTTP servers.
+#[test]
+fn a_value_put_coded_with_zstd_is_kept_as_sent() {
+    for http in ["native", "hyper"] {
+        let s = Server::start(&["--http-server", http, "--chunk-size", "64KiB", "--memcache-listen", "127.0.0.1:0"]);
+        let mut c = s.client();
+        let v = page(10_000, 21);
+        let frame = zstd::bulk::compress(&v, 19).unwrap();
+        let r = c.request("PUT", "/sent", &[("Content-Encoding", "zstd"), ("Content-Type", "text/html")], &frame);
+        assert_eq!(r.status, 200, "{http}: {}", String::from_utf8_lossy(&r.body));
+        let plain = c.get("/sent");
+        assert!(plain.body == v, "{http}");
+        assert_eq!((plain.header("content-type"), plain.header("etag")), (Some("text/html"), r.header("etag")));
+        let z = c.request("GET", "/sent", &[("Accept-Encoding", "zstd")], b"");
+        assert_eq!((z.header("content-encoding"), &z.body[..]), (Some("zstd"), &frame[..]), "{http}: as sent");
+        // The memcached door reads the value.
+        let mut m = Mc::connect(&s);
+        let answer = m.ask_bytes(b"get sent\r\n", "END\r\n");
+        assert!(answer.starts_with(b"VALUE sent 0 10000\r\n") && answer[20..20 + v.len()] == v[..], "{http}");
+        for (coding, body, status) in [
+            ("gzip", &b"\x1f\x8b whatever"[..], 415),
+            ("zstd, gzip", &frame[..], 415),
+            ("zstd", &b"not a frame"[..], 400),
+            ("zstd", &zstd::bulk::compress(&vec![b'a'; 70_000], 3).unwrap()[..], 413),
+        ] {
+            let r = c.request("PUT", "/refused", &[("Content-Encoding", coding)], body);
+            assert_eq!(r.status, status, "{http} {coding}: {}", String::from_utf8_lossy(&r.body));
+            if status == 415 {
+                assert_eq!(r.header("accept-encoding"), Some("zstd"));
+            }
+        }
+        assert_eq!(c.get("/refused").status, 404, "{http}: nothing refused was stored");
+        // Identity is no coding at all.
+        let r = c.request("PUT", "/plain", &[("Content-Encoding", "identity")], b"as is");
+        assert_eq!((r.status, c.get("/plain").body), (200, b"as is".to_vec()));
+    }
+}

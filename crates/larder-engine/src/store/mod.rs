@@ -9,6 +9,7 @@
 //! covers it; concurrent writers share one fdatasync (group commit).
 
 mod cas;
+mod coding;
 mod keys;
 mod open;
 mod read;
@@ -23,7 +24,7 @@ use crate::disk::{dirs, Disk, Job, Seen};
 use crate::memory::flight::Flights;
 use crate::memory::Memory;
 use crate::stats::{DirState, DirStats, Stats};
-use crate::types::{DeleteOptions, Expiry, PutOptions, ReadOptions, Stored, Touch, Value, Version};
+use crate::types::{Codec, DeleteOptions, Expiry, PutOptions, ReadOptions, Stored, Touch, Value, Version};
 use crate::{io, Error, Result};
 use parking_lot::Mutex;
 use read::Found;
@@ -96,6 +97,15 @@ impl Store {
     /// (a value longer than a chunk joins only the chunks that span parts).
     pub fn put_parts(&self, key: &[u8], parts: &[&[u8]], opts: &PutOptions<'_>) -> Result<Stored> {
         self.put_inner(key, parts, opts, !opts.nonblocking, None)?.ok_or_else(Error::would_block)
+    }
+
+    /// Stores the value that `coded`, the value coded with `codec` by the caller (an HTTP
+    /// body sent with `Content-Encoding: zstd`), decodes to, keeping the coded bytes as they
+    /// are: a reader that takes them (`ReadOptions::coded`) gets exactly these bytes. Fails
+    /// with `Invalid` when they are not whole frames of the codec (only Zstandard is taken)
+    /// and `TooLarge` when the value is longer than a chunk.
+    pub fn put_coded(&self, key: &[u8], codec: Codec, coded: &[u8], opts: &PutOptions<'_>) -> Result<Stored> {
+        self.put_coded_inner(key, codec, coded, opts, !opts.nonblocking)?.ok_or_else(Error::would_block)
     }
 
     /// Reads the value of `key`, or the part of it `opts` asks for; `Ok(None)` when absent,

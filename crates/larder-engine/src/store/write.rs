@@ -3,11 +3,11 @@
 //! still names what it read, appends, updates the index, reconciles memory, and (with
 //! `FsyncPolicy::Always`) waits for group commit after releasing the lock.
 
+use super::coding::Coding;
 use super::Store;
 use crate::clock::now_ms;
 use crate::config::FsyncPolicy;
 use crate::disk::{same, Append, Fetch, Got, Seen, Undo, Writer};
-use crate::format::codec;
 use crate::format::large::{self, ChunkRef};
 use crate::format::meta::{self, Meta};
 use crate::format::record::{self, Header, FLAG_CHUNK, FLAG_CODED, FLAG_HEAD, FLAG_TOMBSTONE, HEADER_LEN, MAX_KEY_LEN};
@@ -21,24 +21,18 @@ use std::sync::atomic::Ordering;
 
 /// A value record ready to be committed: its value bytes (the value, or a large value's chunk
 /// table), their CRC32C, metadata and flags; and the whole value's length and CRC32C.
-struct Prepared<'v> {
-    value: &'v [&'v [u8]],
-    value_crc: u32,
-    meta: Vec<u8>,
-    flags: u16,
-    len: u64,
-    crc: u32,
+pub(super) struct Prepared<'v> {
+    pub(super) value: &'v [&'v [u8]],
+    pub(super) value_crc: u32,
+    pub(super) meta: Vec<u8>,
+    pub(super) flags: u16,
+    pub(super) len: u64,
+    pub(super) crc: u32,
     /// A head's chunks, which must all still be on disk when it is committed.
-    chunks: &'v [ChunkRef],
+    pub(super) chunks: &'v [ChunkRef],
     /// The store time to keep (a touch rewriting a value only memory holds keeps its
     /// version); `None` stamps a new one.
-    stored_ms: Option<u64>,
-}
-
-/// How a value is stored: coded with a codec, or as sent (and why, when compression is on).
-enum Coding {
-    Coded(Vec<u8>, codec::Codec),
-    Raw(Option<codec::Raw>),
+    pub(super) stored_ms: Option<u64>,
 }
 
 /// The chunks of a large value written so far, for its head.
@@ -266,31 +260,11 @@ impl Store {
         };
         match stored {
             (Some(s), Some(why)) => {
-                let counter = if why == codec::Raw::Probed { &c.raw_probed } else { &c.raw_no_gain };
+                let counter = if why == crate::format::codec::Raw::Probed { &c.raw_probed } else { &c.raw_no_gain };
                 counter.fetch_add(1, Ordering::Relaxed);
                 Ok(Some(s))
             }
             (s, _) => Ok(s),
-        }
-    }
-
-    /// How the value made of `parts` (`len` bytes) is stored under the store's compression
-    /// setting: coded, or as sent (and, when compression is on and the value long enough,
-    /// why).
-    fn code(&self, parts: &[&[u8]], len: u64) -> Coding {
-        let cfg = self.disk.ring.cfg.compression;
-        let Some(codec) = cfg.codec.filter(|_| len >= cfg.min_size) else { return Coding::Raw(None) };
-        let joined;
-        let value: &[u8] = match parts {
-            [one] => one,
-            _ => {
-                joined = parts.concat();
-                &joined
-            }
-        };
-        match codec::encode(codec, cfg.level, value) {
-            Ok(bytes) => Coding::Coded(bytes, codec),
-            Err(why) => Coding::Raw(Some(why)),
         }
     }
 
@@ -323,7 +297,7 @@ impl Store {
 
     /// Appends, indexes and (with `FsyncPolicy::Always`) makes durable one value record: a
     /// whole value, or a large value's head.
-    fn commit(
+    pub(super) fn commit(
         &self,
         key: &[u8],
         hash: u64,
@@ -353,7 +327,7 @@ impl Store {
                 coded: (flags == FLAG_CODED)
                     .then(|| Meta::parse(&meta_block).coded)
                     .flatten()
-                    .and_then(|c| Some((codec::Codec::from_id(c.codec)?, c.len))),
+                    .and_then(|c| Some((crate::types::Codec::from_id(c.codec)?, c.len))),
                 position: Position { volume: 0, offset: 0, size: 0 },
                 stored_ms: 0,
                 expiry_ms: 0,

@@ -1,0 +1,117 @@
+//! Coded values: how a value is coded under the store's compression setting, and a value a
+//! client sends coded already (HTTP's `Content-Encoding: zstd`), stored as sent once it is
+//! known to decode.
+
+use super::write::Prepared;
+use super::Store;
+use crate::format::codec;
+use crate::format::meta;
+use crate::format::record::FLAG_CODED;
+use crate::types::{Codec, PutOptions, Stored};
+use crate::{Error, ErrorKind, Result};
+use std::io::Read;
+use std::sync::atomic::Ordering;
+
+/// How a value is stored: coded with a codec, or as sent (and why, when compression is on).
+pub(super) enum Coding {
+    Coded(Vec<u8>, codec::Codec),
+    Raw(Option<codec::Raw>),
+}
+
+impl Store {
+    /// How the value made of `parts` (`len` bytes) is stored under the store's compression
+    /// setting: coded, or as sent (and, when compression is on and the value long enough,
+    /// why).
+    pub(super) fn code(&self, parts: &[&[u8]], len: u64) -> Coding {
+        let cfg = self.disk.ring.cfg.compression;
+        let Some(codec) = cfg.codec.filter(|_| len >= cfg.min_size) else { return Coding::Raw(None) };
+        let joined;
+        let value: &[u8] = match parts {
+            [one] => one,
+            _ => {
+                joined = parts.concat();
+                &joined
+            }
+        };
+        match codec::encode(codec, cfg.level, value) {
+            Ok(bytes) => Coding::Coded(bytes, codec),
+            Err(why) => Coding::Raw(Some(why)),
+        }
+    }
+
+    /// Stores under `key` the value `coded` decodes to, as those coded bytes: they are
+    /// decoded once, to check that they are one or more whole frames of the codec, to measure
+    /// the value (at most a chunk: a coded value is one record) and to take its checksum,
+    /// and are then written as they are. Only Zstandard frames are taken.
+    pub(super) fn put_coded_inner(
+        &self,
+        key: &[u8],
+        codec: Codec,
+        coded: &[u8],
+        opts: &PutOptions<'_>,
+        wait: bool,
+    ) -> Result<Option<Stored>> {
+        super::write::check_key(key)?;
+        let cfg = &self.disk.ring.cfg;
+        if codec != Codec::Zstd {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("values are taken coded with zstd only, not {}", codec.name()),
+            ));
+        }
+        let most = cfg.chunk_size.min(cfg.max_value_size);
+        let value = decode_upload(coded, most)?;
+        let len = value.len() as u64;
+        super::write::check_content_type(opts.content_type)?;
+        super::write::check_attrs(opts.attrs)?;
+        if let Some(mut check) = super::cas::Check::of(cfg.verify_cas, key) {
+            check.update(&value);
+            self.cas_verdict(check)?;
+        }
+        let crc = crc32c::crc32c(&value);
+        let mut m = Vec::new();
+        meta::encode(&mut m, opts.content_type, None);
+        meta::encode_flags(&mut m, opts.flags, opts.stale);
+        meta::encode_attrs(&mut m, opts.attrs);
+        meta::encode_coded(&mut m, &meta::Coded { codec: codec.id(), dictionary: 0, len, crc });
+        let parts: [&[u8]; 1] = [coded];
+        let p = Prepared {
+            value: &parts,
+            value_crc: crc32c::crc32c(coded),
+            meta: m,
+            flags: FLAG_CODED,
+            len,
+            crc,
+            chunks: &[],
+            stored_ms: None,
+        };
+        let hash = self.disk.ring.hash(key);
+        let stored = self.commit(key, hash, p, opts, wait)?;
+        if stored.is_some() {
+            let c = &self.disk.ring.counters;
+            c.coded_puts.fetch_add(1, Ordering::Relaxed);
+            c.coded_logical_bytes.fetch_add(len, Ordering::Relaxed);
+            c.coded_stored_bytes.fetch_add(coded.len() as u64, Ordering::Relaxed);
+        }
+        Ok(stored)
+    }
+}
+
+/// The value Zstandard frames decode to, if they are whole frames and it is at most `most`
+/// bytes (decoding stops there: a small upload cannot make the server allocate a large value).
+fn decode_upload(coded: &[u8], most: u64) -> Result<Vec<u8>> {
+    let invalid = |why: String| Error::new(ErrorKind::Invalid, format!("the body is not a zstd-coded value: {why}"));
+    if coded.is_empty() {
+        return Err(invalid("it is empty".into()));
+    }
+    let decoder = zstd::stream::read::Decoder::with_buffer(coded).map_err(|e| invalid(e.to_string()))?;
+    let mut value = Vec::new();
+    decoder.take(most + 1).read_to_end(&mut value).map_err(|e| invalid(e.to_string()))?;
+    if value.len() as u64 > most {
+        return Err(Error::new(
+            ErrorKind::TooLarge,
+            format!("a coded value is stored as one record: it decodes to more than {most} bytes"),
+        ));
+    }
+    Ok(value)
+}
