@@ -259,17 +259,22 @@ fn check_volume(
                 if offset % (64 << 20) < header.padded_len() {
                     progress.bytes_done.store(done_before + offset, Ordering::Relaxed);
                 }
-                // A coded record's checksum covers its coded bytes: they must also decode.
-                if header.is_coded() {
+                // A coded record's checksum covers its coded bytes: they must also decode (a
+                // chunk's, once its body is known sound: a dead one may be punched).
+                let coded = |report: &mut CheckReport| {
                     report.coded_records += 1;
                     if let Some(why) = coded_body(file, offset, &header, vh.salt) {
                         let what = format!("coded record of key {:?}: {why}", String::from_utf8_lossy(key));
                         report.corrupt.push(finding(&path, Some(offset), what));
                     }
+                };
+                if header.is_coded() && !header.is_chunk() {
+                    coded(report);
                 }
                 // The scan trusts a chunk's header; its body is verified here.
                 if header.is_chunk() {
                     match chunk_body(file, offset, &header, vh.salt) {
+                        Ok(ChunkBody::Sound) if header.is_coded() => coded(report),
                         Ok(ChunkBody::Sound) => {}
                         Ok(ChunkBody::Punched) => report.punched_chunks += 1,
                         // Not among the scan's skipped records: `damaged` counts those.

@@ -92,9 +92,9 @@ pub struct Stats {
     pub downtime_flushes: u64,
     /// Values stored coded (`StoreConfig::compression`).
     pub coded_puts: u64,
-    /// Bytes those values were sent with.
+    /// Bytes those values, and the coded chunks of large values, were sent with.
     pub coded_logical_bytes: u64,
-    /// Bytes those values were stored in.
+    /// Bytes they were stored in.
     pub coded_stored_bytes: u64,
     /// Values stored as sent although compression is on: the probe took them for compressed
     /// or random data, so coding was not tried.

@@ -74,16 +74,17 @@ fn coded_values_read_back_byte_for_byte_under_every_setting() {
                 assert_eq!(got.coded.as_ref().map(|c| c.codec), Some(codec));
                 logical += len as u64;
             }
-            // A value longer than a chunk is stored as a large value, in raw chunks.
+            // A value longer than a chunk is stored as a large value, its chunks coded.
             let big = page(600_000, 9);
             s.put(b"big", &big, &o).unwrap();
+            logical += 600_000;
             let st = s.stats();
             assert_eq!((st.coded_puts, st.coded_logical_bytes), (SIZES.len() as u64, logical));
             assert!(st.coded_stored_bytes * 3 < logical, "{codec:?}: {} of {logical}", st.coded_stored_bytes);
         }
         let report = larder_engine::check::check_dir(dir.path(), &Default::default()).unwrap();
         assert!(report.clean(), "{:?}", report.corrupt);
-        assert_eq!(report.coded_records, SIZES.len() as u64);
+        assert_eq!(report.coded_records, SIZES.len() as u64 + 3, "the values and the big one's three chunks");
         // Reopened with compression off, and with the other codec: everything reads; the
         // first time without hint files, as after a crash, so that recovery scans the records.
         let mut hints = 0;
@@ -307,4 +308,39 @@ fn values_sent_coded_are_kept_as_sent_once_they_decode() {
     drop(s);
     let report = larder_engine::check::check_dir(dir.path(), &Default::default()).unwrap();
     assert!(report.clean() && report.coded_records == 1, "{report:?}");
+}
+
+#[test]
+fn a_large_value_is_coded_chunk_by_chunk_and_a_range_decodes_only_its_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(config(dir.path(), Some(Codec::Zstd), 0)).unwrap();
+    let o = PutOptions::default();
+    let v = page(1_000_000, 31); // four chunks of 256 KiB, the last shorter
+    let before = s.stats();
+    s.put(b"large", &v, &o).unwrap();
+    let after = s.stats();
+    assert!(after.bytes_used - before.bytes_used < 400_000, "stored in {} bytes", after.bytes_used - before.bytes_used);
+    // Whole, streamed, and ranges within a chunk and across two.
+    let mut r = s.reader(b"large", Part::Whole).unwrap().unwrap();
+    let mut whole = Vec::new();
+    while let Some(p) = r.next_piece().unwrap() {
+        whole.extend_from_slice(&p);
+    }
+    assert!(whole == v);
+    drop(r);
+    for (a, b) in [(0u64, 99u64), (262_100, 262_200), (999_990, 999_999)] {
+        let got =
+            s.get(b"large", &ReadOptions { part: Part::Range(ByteRange::Span(a, Some(b))), ..Default::default() });
+        assert_eq!(&got.unwrap().unwrap().data[..], &v[a as usize..=b as usize], "{a}-{b}");
+    }
+    let head = s.get(b"large", &ReadOptions { part: Part::Nothing, ..Default::default() }).unwrap().unwrap();
+    assert_eq!((head.len, head.crc), (1_000_000, crc32c::crc32c(&v)));
+    // Replaced: its dead chunks are punched, which check tells from damage.
+    s.put(b"large", b"small now", &o).unwrap();
+    s.settle();
+    drop(s);
+    let report = larder_engine::check::check_dir(dir.path(), &Default::default()).unwrap();
+    assert!(report.clean(), "{:?}", report.corrupt);
+    let s = Store::open(config(dir.path(), None, 0)).unwrap();
+    assert_eq!(read(&s, b"large"), Some(b"small now".to_vec()));
 }

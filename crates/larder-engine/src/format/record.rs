@@ -26,10 +26,12 @@ pub const MAGIC_CODED: u32 = u32::from_le_bytes([b'L', b'R', b'C', 3]);
 
 /// The magic a record with `flags` starts with.
 fn magic_of(flags: u16) -> u32 {
-    if flags & (FLAG_CHUNK | FLAG_HEAD) != 0 {
-        MAGIC_LARGE
-    } else if flags & FLAG_CODED != 0 {
+    // Coded first: a build that knows large values but not codings must not take a coded
+    // chunk's bytes for the value's.
+    if flags & FLAG_CODED != 0 {
         MAGIC_CODED
+    } else if flags & (FLAG_CHUNK | FLAG_HEAD) != 0 {
+        MAGIC_LARGE
     } else {
         MAGIC
     }
@@ -59,7 +61,8 @@ pub const FLAG_CHUNK: u16 = 2;
 /// `format::large`), its metadata the value's length and checksum.
 pub const FLAG_HEAD: u16 = 4;
 /// Flag bit: this record's value is coded (compressed); its metadata says how (`meta::Coded`)
-/// and holds the value's own length and checksum. Never set on a large value's records.
+/// and holds the value's (or chunk's) own length and checksum. Set on values and on a large
+/// value's chunks, never on its head (whose value is the chunk table).
 pub const FLAG_CODED: u16 = 8;
 
 const _: () = assert!(HEADER_LEN.is_multiple_of(ALIGN as usize));

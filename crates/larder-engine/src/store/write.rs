@@ -437,11 +437,29 @@ impl Store {
         let sh = &*self.disk;
         let (crc, blocks) = meta::checksum(chunk);
         let mut m = Vec::new();
-        meta::encode(&mut m, None, blocks.as_ref());
-        meta::encode_chunk(&mut m, index);
+        // Each chunk is coded on its own, as a small value is: a range decodes only the
+        // chunks it covers (a coded chunk has no block checksums: it is read whole).
+        let coded = self.code(&[chunk], chunk.len() as u64);
+        let (flags, stored, stored_crc) = match &coded {
+            Coding::Coded(bytes, codec) => {
+                meta::encode(&mut m, None, None);
+                meta::encode_chunk(&mut m, index);
+                let entry = meta::Coded { codec: codec.id(), dictionary: 0, len: chunk.len() as u64, crc };
+                meta::encode_coded(&mut m, &entry);
+                let c = &sh.ring.counters;
+                c.coded_logical_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                c.coded_stored_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                (FLAG_CHUNK | FLAG_CODED, &bytes[..], crc32c::crc32c(bytes))
+            }
+            Coding::Raw(_) => {
+                meta::encode(&mut m, None, blocks.as_ref());
+                meta::encode_chunk(&mut m, index);
+                (FLAG_CHUNK, chunk, crc)
+            }
+        };
         let mut w = sh.writer.lock();
-        let header = Header { stored_ms: sh.stamp(&mut w), ..new_header(FLAG_CHUNK) };
-        let rec = Append { header, key, meta: &m, value: &[chunk], value_crc: crc };
+        let header = Header { stored_ms: sh.stamp(&mut w), ..new_header(flags) };
+        let rec = Append { header, key, meta: &m, value: &[stored], value_crc: stored_crc };
         let (pos, _) = sh.append(&mut w, true, &rec)?.expect("an append that may wait completes");
         let s = &sh.ring.slots[pos.volume as usize];
         let (generation, sequence) = (s.generation.load(Ordering::Relaxed), s.sequence.load(Ordering::Relaxed));
