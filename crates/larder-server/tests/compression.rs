@@ -142,7 +142,7 @@ fn settings_that_cannot_be_honoured_refuse_to_start() {
 
 /// Acceptance 1 of issue 42 on real files (`bench/compression.py --check`): HTML and JSON that
 /// Debian's packages install store in at most 0.35x their bytes with zstd, PNG and JPEG images
-/// in at most 1.01x, the memory tier holds at least 3x the pages, and every file reads back
+/// in at most 1.01x, and every file reads back
 /// byte-identical over HTTP and the memcached protocol, as written, after a graceful restart
 /// and after kill -9.
 #[test]
