@@ -344,3 +344,20 @@ fn a_large_value_is_coded_chunk_by_chunk_and_a_range_decodes_only_its_chunks() {
     let s = Store::open(config(dir.path(), None, 0)).unwrap();
     assert_eq!(read(&s, b"large"), Some(b"small now".to_vec()));
 }
+
+#[test]
+fn a_call_that_may_not_wait_leaves_coding_a_long_value_to_one_that_may() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(config(dir.path(), Some(Codec::Zstd), 0)).unwrap();
+    let quick = PutOptions { nonblocking: true, ..Default::default() };
+    let long = page(100_000, 40);
+    assert_eq!(s.put(b"long", &long, &quick).unwrap_err().kind(), ErrorKind::WouldBlock);
+    assert_eq!(read(&s, b"long"), None, "nothing written");
+    s.put(b"long", &long, &PutOptions::default()).unwrap();
+    assert_eq!(read(&s, b"long"), Some(long.clone()));
+    let frame = zstd::bulk::compress(&noise(40_000, 2), 1).unwrap();
+    assert_eq!(s.put_coded(b"sent", Codec::Zstd, &frame, &quick).unwrap_err().kind(), ErrorKind::WouldBlock);
+    // A short one is coded inline.
+    s.put(b"short", &page(4096, 1), &quick).unwrap();
+    assert_eq!(s.stats().coded_puts, 2);
+}

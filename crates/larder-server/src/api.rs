@@ -99,7 +99,9 @@ pub async fn get(
     };
     let failed = || text(StatusCode::PRECONDITION_FAILED, "precondition failed\n");
     // A client that takes zstd gets a value stored as a Zstandard frame as it is: no decoding.
-    let takes_zstd = headers::accepts_zstd(req);
+    // A ranged request is answered from the value itself, whatever it accepts.
+    let range = headers::range(req);
+    let takes_zstd = headers::accepts_zstd(req) && range.is_none();
     let revalidation = req.contains_key(IF_NONE_MATCH) || req.contains_key(IF_MODIFIED_SINCE);
     if head || revalidation {
         let d = match found(read(app, store, &key, Part::Nothing, false).await) {
@@ -142,7 +144,6 @@ pub async fn get(
         }
     }
     // Ranges are of the value itself (the identity representation), never of coded bytes.
-    let range = headers::range(req);
     let mut part = range.map_or(Part::Whole, Part::Range);
     let body_found = |r: larder_engine::Result<Option<Read>>| match r {
         Ok(Some(v)) => Ok(v),

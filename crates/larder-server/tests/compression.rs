@@ -219,6 +219,12 @@ fn clients_that_accept_zstd_get_the_stored_frame_and_others_the_value() {
         // A range is of the value, whatever the client accepts.
         let r = c.request("GET", "/p", &[("Accept-Encoding", "zstd"), ("Range", "bytes=10-19")], b"");
         assert_eq!((r.status, r.header("content-encoding"), &r.body[..]), (206, None, &v[10..20]));
+        // A ranged revalidation is of the value itself, whatever the client accepts.
+        let r =
+            c.request("GET", "/p", &[("Accept-Encoding", "zstd"), ("Range", "bytes=0-9"), ("If-None-Match", &it)], b"");
+        assert_eq!((r.status, r.header("etag")), (304, Some(it.as_str())), "{http}");
+        let r = c.request("GET", "/p", &[("Accept-Encoding", "zstd"), ("Range", "bytes=0-9"), ("If-Match", &it)], b"");
+        assert_eq!(r.status, 206, "{http}");
         // If-Match on a GET compares the representation; on a write, either names the version.
         let r = c.request("GET", "/p", &[("Accept-Encoding", "zstd"), ("If-Match", &it)], b"");
         assert_eq!(r.status, 412);

@@ -18,7 +18,18 @@ pub(super) enum Coding {
     Raw(Option<codec::Raw>),
 }
 
+/// The longest value coded (or a coded one decoded) by a call that may not wait: past it,
+/// the work goes to a thread that may block (a megabyte at zstd's top levels takes a tenth of
+/// a second).
+pub(super) const INLINE_CODING: u64 = 16 << 10;
+
 impl Store {
+    /// Whether a value of `len` bytes is coded under the store's setting.
+    pub(super) fn codes(&self, len: u64) -> bool {
+        let cfg = self.disk.ring.cfg.compression;
+        cfg.codec.is_some() && len >= cfg.min_size
+    }
+
     /// How the value made of `parts` (`len` bytes) is stored under the store's compression
     /// setting: coded, or as sent (and, when compression is on and the value long enough,
     /// why).
@@ -43,6 +54,7 @@ impl Store {
     /// decoded once, to check that they are one or more whole frames of the codec, to measure
     /// the value (at most a chunk: a coded value is one record) and to take its checksum,
     /// and are then written as they are. Only Zstandard frames are taken.
+    /// `stored_ms`: the store time to keep (a touch rewriting a value only memory holds).
     pub(super) fn put_coded_inner(
         &self,
         key: &[u8],
@@ -50,8 +62,12 @@ impl Store {
         coded: &[u8],
         opts: &PutOptions<'_>,
         wait: bool,
+        stored_ms: Option<u64>,
     ) -> Result<Option<Stored>> {
         super::write::check_key(key)?;
+        if !wait && coded.len() as u64 > INLINE_CODING {
+            return Ok(None); // decoded on a thread that may take its time
+        }
         let cfg = &self.disk.ring.cfg;
         if codec != Codec::Zstd {
             return Err(Error::new(
@@ -83,7 +99,7 @@ impl Store {
             len,
             crc,
             chunks: &[],
-            stored_ms: None,
+            stored_ms,
         };
         let hash = self.disk.ring.hash(key);
         let stored = self.commit(key, hash, p, opts, wait)?;

@@ -105,7 +105,7 @@ impl Store {
     /// with `Invalid` when they are not whole frames of the codec (only Zstandard is taken)
     /// and `TooLarge` when the value is longer than a chunk.
     pub fn put_coded(&self, key: &[u8], codec: Codec, coded: &[u8], opts: &PutOptions<'_>) -> Result<Stored> {
-        self.put_coded_inner(key, codec, coded, opts, !opts.nonblocking)?.ok_or_else(Error::would_block)
+        self.put_coded_inner(key, codec, coded, opts, !opts.nonblocking, None)?.ok_or_else(Error::would_block)
     }
 
     /// Reads the value of `key`, or the part of it `opts` asks for; `Ok(None)` when absent,

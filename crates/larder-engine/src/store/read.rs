@@ -25,16 +25,17 @@ impl Target for Seen {
 }
 
 /// The value memory holds, decoded if memory holds it coded (unless `send_zstd` and it is
-/// coded with Zstandard: then `data` stays empty); `None` if decoding fails (which only a bug
+/// coded with Zstandard, or only a `describe`ion is wanted: then `data` stays empty); `None` if decoding fails (which only a bug
 /// can make happen: memory holds what a write coded or a verified read found).
-pub(super) fn from_cached(c: Cached, send_zstd: bool) -> Option<Value> {
+pub(super) fn from_cached(c: Cached, send_zstd: bool, describe: bool) -> Option<Value> {
     let Cached { data, coded, position, stored_ms, expiry_ms, crc, content_type, attrs, flags, stale } = c;
     let mut len = data.len() as u64;
     let (data, coded) = match coded {
         None => (data, None),
-        Some((Codec::Zstd, n)) if send_zstd => {
+        // A description (HEAD, a revalidation) needs no bytes of the value: none are decoded.
+        Some((codec, n)) if describe || (send_zstd && codec == Codec::Zstd) => {
             len = n;
-            (Bytes::new(), Some(CodedBytes { codec: Codec::Zstd, data }))
+            (Bytes::new(), Some(CodedBytes { codec, data }))
         }
         Some((codec, n)) => {
             len = n;
@@ -99,7 +100,7 @@ impl Store {
         // Hits and misses count reads of values: a look at a value's description (a HEAD, a
         // revalidation, a conditional write's early check) is not one.
         let count = part != Part::Nothing;
-        if let Some(v) = self.memory_hit(hash, key, count, false) {
+        if let Some(v) = self.memory_hit(hash, key, count, false, part == Part::Nothing) {
             return Ok(Some(Some(v.narrow(part))));
         }
         let mut found = None;
@@ -133,7 +134,7 @@ impl Store {
 
     /// A memory hit (counted if `count`); an expired entry is dropped. With `send_zstd`, a
     /// value held coded with Zstandard is not decoded (see `ReadOptions::coded`).
-    fn memory_hit(&self, hash: u64, key: &[u8], count: bool, send_zstd: bool) -> Option<Value> {
+    fn memory_hit(&self, hash: u64, key: &[u8], count: bool, send_zstd: bool, describe: bool) -> Option<Value> {
         let sh = &*self.disk;
         let m = self.memory.as_ref()?;
         let c = m.get(key)?;
@@ -141,7 +142,7 @@ impl Store {
             self.reconcile_memory(hash, key, None);
             return None;
         }
-        let Some(v) = from_cached(c, send_zstd) else {
+        let Some(v) = from_cached(c, send_zstd, describe) else {
             sh.ring.counters.decode_failures.fetch_add(1, Ordering::Relaxed);
             tracing::error!("a value memory held coded did not decode; dropped from memory");
             self.reconcile_memory(hash, key, None);
@@ -158,7 +159,7 @@ impl Store {
         check_key(key)?;
         let sh = &*self.disk;
         let hash = sh.ring.hash(key);
-        if let Some(v) = self.memory_hit(hash, key, true, send_zstd) {
+        if let Some(v) = self.memory_hit(hash, key, true, send_zstd, false) {
             return Ok(Some(Some(v)));
         }
         // The record to read is looked up once, before a shared read is joined: a read in the

@@ -3,7 +3,7 @@
 //! still names what it read, appends, updates the index, reconciles memory, and (with
 //! `FsyncPolicy::Always`) waits for group commit after releasing the lock.
 
-use super::coding::Coding;
+use super::coding::{Coding, INLINE_CODING};
 use super::Store;
 use crate::clock::now_ms;
 use crate::config::FsyncPolicy;
@@ -14,7 +14,7 @@ use crate::format::record::{self, Header, FLAG_CHUNK, FLAG_CODED, FLAG_HEAD, FLA
 use crate::format::volume::VOLUME_HEADER_LEN;
 use crate::index::Loc;
 use crate::memory::{Cached, Settled};
-use crate::types::{Expiry, Part, Position, Precondition, PutOptions, Stored, Touch, Version};
+use crate::types::{Codec, Expiry, Part, Position, Precondition, PutOptions, Stored, Touch, Version};
 use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -234,6 +234,10 @@ impl Store {
         let mut meta = Vec::new();
         // A coded value is verified whole: block checksums of the coded bytes would not
         // serve a range of the value.
+        // Coding a long value holds a thread longer than an async worker should be held.
+        if !wait && total_len > INLINE_CODING && self.codes(total_len) {
+            return Ok(None);
+        }
         let coded = self.code(value, total_len);
         let blocks = if matches!(coded, Coding::Coded(..)) { None } else { blocks };
         meta::encode(&mut meta, opts.content_type, blocks.as_ref());
@@ -657,9 +661,16 @@ impl Store {
             preconditions: &[Precondition::StoredAt(c.stored_ms)],
             nonblocking: false,
         };
-        // Written anew, but the same value: its store time, and so its version, stay.
-        let Some(value) = super::read::from_cached(c.clone(), false) else { return Ok(None) };
-        match self.put_inner(key, &[&value.data], &opts, true, Some(c.stored_ms)) {
+        // Written anew, but the same value: its store time, and so its version, stay; a
+        // Zstandard frame stays the same bytes (its strong ETag names them).
+        let written = match c.coded {
+            Some((Codec::Zstd, _)) => self.put_coded_inner(key, Codec::Zstd, &c.data, &opts, true, Some(c.stored_ms)),
+            _ => {
+                let Some(value) = super::read::from_cached(c.clone(), false, false) else { return Ok(None) };
+                self.put_inner(key, &[&value.data], &opts, true, Some(c.stored_ms))
+            }
+        };
+        match written {
             Ok(stored) => Ok(Some(stored.expect("a put that may wait completes").version)),
             Err(e) if e.kind() == ErrorKind::PreconditionFailed => Ok(None),
             Err(e) => Err(e),
