@@ -254,20 +254,8 @@ fn a_cache_in_front_keeps_the_coded_and_the_plain_answer_apart() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_ports(1);
     let d = dir.path().display();
-    let conf = format!(
-        r#"daemon off;
-master_process off;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 64; }}
-http {{
-  access_log off;
-  client_body_temp_path {d}/tmp;
-  proxy_temp_path {d}/tmp;
-  fastcgi_temp_path {d}/tmp;
-  uwsgi_temp_path {d}/tmp;
-  scgi_temp_path {d}/tmp;
-  proxy_cache_path {d}/cache keys_zone=front:1m;
+    let servers = format!(
+        r#"  proxy_cache_path {d}/cache keys_zone=front:1m;
   server {{
     listen 127.0.0.1:{port};
     location / {{
@@ -278,28 +266,11 @@ http {{
       proxy_ignore_headers Cache-Control Expires;
       add_header X-Front $upstream_cache_status;
     }}
-  }}
-}}
-"#,
+  }}"#,
         larder = s.addr
     );
-    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
-    std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
-    let mut nginx = Command::new("/usr/sbin/nginx")
-        .args(["-p", dir.path().to_str().unwrap(), "-c", dir.path().join("nginx.conf").to_str().unwrap(), "-e"])
-        .arg(dir.path().join("error.log"))
-        .spawn()
-        .expect("/usr/sbin/nginx: scripts/install-bench-deps.sh installs it");
+    let nginx = common::nginx::start(dir.path(), port, &servers);
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut up = false;
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(addr).is_ok() {
-            up = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert!(up, "nginx did not start: {}", std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default());
     let mut front = Client::connect(addr);
     let mut seen = Vec::new();
     for (round, accepts) in [(0, true), (0, false), (1, true), (1, false), (2, false), (2, true)] {
@@ -315,8 +286,7 @@ http {{
         }
         seen.push((accepts, r.header("x-front").unwrap_or("-").to_string()));
     }
-    let _ = nginx.kill();
-    let _ = nginx.wait();
+    drop(nginx);
     assert_eq!(&seen[..2].iter().map(|s| s.1.as_str()).collect::<Vec<_>>(), &["MISS", "MISS"], "{seen:?}");
     assert!(seen[2..].iter().all(|s| s.1 == "HIT"), "each representation cached on its own: {seen:?}");
 }

@@ -5,22 +5,10 @@
 
 mod common;
 
+use common::nginx::Nginx;
 use common::{Resp, Server};
 use std::path::Path;
-use std::process::{Child, Command};
 use std::time::Duration;
-
-struct Nginx {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -28,49 +16,20 @@ fn free_port() -> u16 {
 
 /// nginx serving `dir/root` on a free port, in the foreground, every file of its in `dir`.
 fn nginx(dir: &Path, port: u16) -> Nginx {
-    let conf = format!(
-        r#"daemon off;
-master_process off;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 256; }}
-http {{
-  access_log off;
-  client_body_temp_path {d}/tmp;
-  proxy_temp_path {d}/tmp;
-  fastcgi_temp_path {d}/tmp;
-  uwsgi_temp_path {d}/tmp;
-  scgi_temp_path {d}/tmp;
-  server {{
+    let root = dir.join("root");
+    let servers = format!(
+        r#"  server {{
     listen 127.0.0.1:{port};
-    root {d}/root;
+    root {root};
     location /expires/ {{ expires 60s; }}
     location /validated/ {{ add_header Cache-Control "max-age=1"; }}
     location /no-store/ {{ add_header Cache-Control "no-store"; }}
     location /varies/ {{ expires 60s; add_header Vary "Accept-Language"; }}
     location /heuristic/ {{ }}
-  }}
-}}
-"#,
-        d = dir.display()
+  }}"#,
+        root = root.display()
     );
-    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
-    std::fs::create_dir_all(dir.join("tmp")).unwrap();
-    let bin = std::env::var("NGINX").unwrap_or_else(|_| "/usr/sbin/nginx".into());
-    let child = Command::new(&bin)
-        .args(["-p", dir.to_str().unwrap(), "-c", dir.join("nginx.conf").to_str().unwrap(), "-e"])
-        .arg(dir.join("error.log"))
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {bin} ({e}); scripts/install-bench-deps.sh installs nginx"));
-    let n = Nginx { child, port };
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return n;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    drop(n);
-    panic!("nginx did not start: {}", std::fs::read_to_string(dir.join("error.log")).unwrap_or_default());
+    common::nginx::start(dir, port, &servers)
 }
 
 fn put_file(dir: &Path, path: &str, body: &[u8], age: Duration) {

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod mc;
+pub mod nginx;
 pub mod origin;
 
 use std::io::{BufRead, BufReader, Read, Write};
