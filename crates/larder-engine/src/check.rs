@@ -9,6 +9,7 @@
 //! not damage. Hint files that do not match their volume are reported too; recovery would
 //! scan those volumes instead, so they cost time, not data.
 
+use crate::disk::dicts::Dicts;
 use crate::format::hint::{Hint, HintEntry};
 use crate::format::large;
 use crate::format::record::{self, Header};
@@ -55,6 +56,8 @@ pub struct CheckReport {
     pub punched_chunks: u64,
     /// Coded (compressed) records, each decoded and checked against its value's checksum.
     pub coded_records: u64,
+    /// Sound dictionary files (each id once, whatever the number of copies).
+    pub dictionaries: u64,
 }
 
 impl CheckReport {
@@ -183,10 +186,22 @@ pub fn check_dirs(dirs: &[PathBuf], progress: &CheckProgress) -> Result<CheckRep
     }
     progress.bytes_total.store(volumes.iter().map(|v| v.3).sum(), Ordering::Relaxed);
 
+    // The dictionaries coded records may name (any directory's sound copy serves).
+    let paths: Vec<&Path> = dirs.iter().map(|d| d.as_path()).collect();
+    let (dicts, damaged) = Dicts::load_paths(&paths, 0, zstd::DEFAULT_COMPRESSION_LEVEL);
+    for path in damaged {
+        let id = path.file_name().and_then(|n| crate::format::dict::id_of_name(&n.to_string_lossy()));
+        match id.and_then(|id| dicts.get(id)) {
+            Some(_) => report.notes.push(finding(&path, None, "dictionary copy fails its checks (another is sound)")),
+            None => report.corrupt.push(finding(&path, None, "dictionary file fails its checks")),
+        }
+    }
+    report.dictionaries = dicts.all().len() as u64;
+
     let count = volumes.len();
     for (i, (dir, slot, file, len, vh)) in volumes.iter().enumerate() {
         let is_active = i + 1 == count;
-        check_volume(dir, *slot, &**file, *len, vh, is_active, seed, &mut report, progress)
+        check_volume(dir, *slot, &**file, *len, vh, is_active, seed, &dicts, &mut report, progress)
             .map_err(|e| Error::io(format!("reading {}", volume_path(dir, *slot).display()), e))?;
         report.volumes += 1;
         report.bytes += len;
@@ -205,6 +220,7 @@ fn check_volume(
     vh: &VolumeHeader,
     is_active: bool,
     seed: Option<u64>,
+    dicts: &Dicts,
     report: &mut CheckReport,
     progress: &CheckProgress,
 ) -> std::io::Result<()> {
@@ -263,7 +279,7 @@ fn check_volume(
                 // chunk's, once its body is known sound: a dead one may be punched).
                 let coded = |report: &mut CheckReport| {
                     report.coded_records += 1;
-                    if let Some(why) = coded_body(file, offset, &header, vh.salt) {
+                    if let Some(why) = coded_body(dicts, file, offset, &header, vh.salt) {
                         let what = format!("coded record of key {:?}: {why}", String::from_utf8_lossy(key));
                         report.corrupt.push(finding(&path, Some(offset), what));
                     }
@@ -328,7 +344,7 @@ fn check_volume(
 
 /// Why the coded record at `offset`, whose checksums the scan verified, does not decode to
 /// its value; `None` when it does.
-fn coded_body(file: &dyn io::FileIo, offset: u64, h: &Header, salt: u32) -> Option<String> {
+fn coded_body(dicts: &Dicts, file: &dyn io::FileIo, offset: u64, h: &Header, salt: u32) -> Option<String> {
     let mut buf = vec![0u8; h.record_len() as usize];
     match file.read_at_most(&mut buf, offset) {
         Ok(n) if n == buf.len() => {}
@@ -342,7 +358,7 @@ fn coded_body(file: &dyn io::FileIo, offset: u64, h: &Header, salt: u32) -> Opti
     let Some(c) = crate::format::meta::Meta::parse(r.meta).coded else {
         return Some("no coding in its metadata".into());
     };
-    crate::disk::decode_checked(&buf[r.value_range.0..r.value_range.1], &c).err()
+    crate::disk::decode_checked(dicts, &buf[r.value_range.0..r.value_range.1], &c).err()
 }
 
 enum ChunkBody {

@@ -68,11 +68,32 @@ pub struct Compression {
     pub level: i32,
     /// Values shorter than this are stored as sent: too short to gain.
     pub min_size: u64,
+    /// Dictionaries trained per key prefix (zstd only); `None`: values are coded alone.
+    pub dictionary: Option<Dictionaries>,
 }
 
 impl Default for Compression {
     fn default() -> Self {
-        Compression { codec: None, level: 0, min_size: DEFAULT_COMPRESSION_MIN_SIZE }
+        Compression { codec: None, level: 0, min_size: DEFAULT_COMPRESSION_MIN_SIZE, dictionary: None }
+    }
+}
+
+/// How zstd dictionaries are trained, one per key prefix, from the prefix's small values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dictionaries {
+    /// A key's prefix is its first `depth` segments (split at `/`; a key with fewer is its own
+    /// prefix's only member, and gets none).
+    pub depth: u32,
+    /// A prefix's dictionary is trained once this many bytes of its values are sampled.
+    pub sample_bytes: u64,
+    /// Values longer than this are coded without a dictionary (where one gains little) and
+    /// are not sampled.
+    pub max_value: u64,
+}
+
+impl Default for Dictionaries {
+    fn default() -> Self {
+        Dictionaries { depth: 1, sample_bytes: 512 << 10, max_value: 32 << 10 }
     }
 }
 

@@ -49,14 +49,14 @@ pub mod check;
 
 pub use clock::now_ms;
 pub use config::{
-    Compression, Eviction, ExpiryCap, FsyncPolicy, MemoryConfig, StoreConfig, DEFAULT_COMPRESSION_MIN_SIZE,
+    Compression, Dictionaries, Eviction, ExpiryCap, FsyncPolicy, MemoryConfig, StoreConfig, DEFAULT_COMPRESSION_MIN_SIZE,
     MIN_VOLUME_SIZE,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use format::meta::{MAX_ATTRS, MAX_CONTENT_TYPE};
 pub use format::record::MAX_KEY_LEN;
 pub use io::{faults, FileIo};
-pub use stats::{DirState, DirStats, RecoveryProgress, RecoveryReport, Stats};
+pub use stats::{DictionaryInfo, DictionaryStats, DirState, DirStats, RecoveryProgress, RecoveryReport, Stats};
 pub use store::{KeyCursor, KeyInfo, Store, ValueReader, ValueWriter};
 pub use types::{
     unmet, ByteRange, Codec, CodedBytes, DeleteOptions, Expiry, Part, Position, Precondition, PutOptions, ReadOptions,

@@ -112,6 +112,46 @@ pub struct Stats {
     pub degraded: bool,
     /// Each data directory, in the manifest's order.
     pub dirs: Vec<DirStats>,
+    /// The zstd dictionaries (`Compression::dictionary`).
+    pub dictionaries: DictionaryStats,
+}
+
+/// The store's dictionaries and their training.
+#[derive(Debug, Clone, Default)]
+pub struct DictionaryStats {
+    /// Dictionaries trained since open.
+    pub trained: u64,
+    /// Trainings started again because a prefix's values compressed worse than at first.
+    pub retrains: u64,
+    /// Trainings that produced no dictionary.
+    pub training_failures: u64,
+    /// Retired dictionaries removed since open, once no volume needed them.
+    pub removed: u64,
+    /// Dictionary files found damaged at open (each copy).
+    pub damaged_files: u64,
+    /// Each dictionary on disk.
+    pub each: Vec<DictionaryInfo>,
+}
+
+/// One dictionary.
+#[derive(Debug, Clone, Default)]
+pub struct DictionaryInfo {
+    /// The id its records name it by.
+    pub id: u32,
+    /// The key prefix it codes (lossily as text).
+    pub key_prefix: String,
+    /// Its length, in bytes.
+    pub bytes: u64,
+    /// When it was trained, in ms since the Unix epoch.
+    pub created_ms: u64,
+    /// Whether a newer dictionary codes its prefix now (it stays while records need it).
+    pub retired: bool,
+    /// Values coded with it since open.
+    pub values: u64,
+    /// Their bytes as sent.
+    pub logical_bytes: u64,
+    /// Their bytes as stored.
+    pub stored_bytes: u64,
 }
 
 /// The state of one data directory.

@@ -282,6 +282,8 @@ pub struct Value {
 pub struct CodedBytes {
     /// The codec that decodes them.
     pub codec: Codec,
+    /// The store's dictionary they were coded with (0: none; a client cannot decode them).
+    pub dictionary: u32,
     /// The bytes as stored.
     pub data: Bytes,
 }

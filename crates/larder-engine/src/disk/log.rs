@@ -127,6 +127,7 @@ impl Disk {
         // salt changes after it, so a reader that saw the old generation fails its checksum.
         s.generation.store(generation, Ordering::Release);
         s.salt.store(salt, Ordering::Release);
+        self.dicts.started(slot, generation);
         // Free the old volume's space first, so that placement sees it free. In a failed
         // directory this may not work: recovery then finds two files of the slot and keeps
         // the one with the higher sequence.
@@ -348,6 +349,12 @@ impl Disk {
         w.offset += padded;
         self.ring.slots[slot].len.store(w.offset, Ordering::Release);
         w.appended += 1;
+        if header.is_coded() {
+            // The dictionary this record needs lives as long as its volume does.
+            if let Some(c) = crate::format::meta::Meta::parse(meta).coded.filter(|c| c.dictionary != 0) {
+                self.dicts.note(slot, generation, c.dictionary);
+            }
+        }
         Ok(Some((pos, loc)))
     }
 }

@@ -4,6 +4,7 @@
 //! `maintenance`, which this layer only sends jobs to.
 
 pub(crate) mod bufs;
+pub(crate) mod dicts;
 pub(crate) mod dirs;
 mod durable;
 mod flush;
@@ -166,6 +167,8 @@ pub(crate) struct Disk {
     pub flushes: Flushes,
     /// `Job::Replaced` checks queued and not yet done (at most `MAX_REPLACED_CHECKS`).
     replaced_checks: std::sync::atomic::AtomicUsize,
+    /// The zstd dictionaries coded records name.
+    pub dicts: dicts::Dicts,
 }
 
 /// A bound on the checks of replaced records left to the maintenance thread: overwrites of
@@ -182,6 +185,7 @@ impl Disk {
         recovery: RecoveryReport,
         forget: Forget,
         flushes: Flushes,
+        dicts: dicts::Dicts,
     ) -> Disk {
         let writer = Writer {
             active: start.slot,
@@ -213,6 +217,7 @@ impl Disk {
             pins: Pins::default(),
             flushes,
             replaced_checks: Default::default(),
+            dicts,
         }
     }
 

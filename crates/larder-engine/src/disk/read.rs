@@ -131,8 +131,10 @@ impl Disk {
         // exactly its own length and checksum, or it is damage, never served.
         let (data, len, crc, coded) = match (h.is_coded(), meta.coded) {
             (false, _) => (stored, h.value_len as u64, rec.value_crc, None),
-            (true, Some(c)) => match decode_checked(&stored, &c) {
-                Ok((value, codec)) => (value, c.len, c.crc, Some(CodedBytes { codec, data: stored })),
+            (true, Some(c)) => match decode_checked(&self.dicts, &stored, &c) {
+                Ok((value, codec)) => {
+                    (value, c.len, c.crc, Some(CodedBytes { codec, dictionary: c.dictionary, data: stored }))
+                }
                 Err(err) => {
                     self.ring.counters.decode_failures.fetch_add(1, Ordering::Relaxed);
                     self.damaged(hash, loc, h.generation, err);
@@ -231,7 +233,7 @@ impl Disk {
             let mut v = part_of(loc, &h, Bytes::new(), (0, c.len, c.crc), &meta);
             // Names the coding (not its bytes, which were not read): a door's choice of
             // representation depends on it.
-            v.coded = Codec::from_id(c.codec).map(|codec| CodedBytes { codec, data: Bytes::new() });
+            v.coded = Codec::from_id(c.codec).map(|codec| CodedBytes { codec, dictionary: c.dictionary, data: Bytes::new() });
             return Ok(Got::Value(v, h.generation));
         }
         let len = h.value_len as u64;
@@ -423,13 +425,18 @@ fn part_of(loc: Loc, h: &Header, data: Bytes, (start, len, crc): (u64, u64, u32)
 
 /// The value coded as `c` says in `stored`, checked against its own length and CRC32C, and
 /// the codec that decoded it.
-pub(crate) fn decode_checked(stored: &[u8], c: &meta::Coded) -> std::result::Result<(Bytes, Codec), String> {
+pub(crate) fn decode_checked(
+    dicts: &super::dicts::Dicts,
+    stored: &[u8],
+    c: &meta::Coded,
+) -> std::result::Result<(Bytes, Codec), String> {
     let codec = Codec::from_id(c.codec).ok_or_else(|| format!("a value coded with unknown codec {}", c.codec))?;
-    if c.dictionary != 0 {
-        return Err(format!("a value coded with dictionary {}, which this build cannot read", c.dictionary));
-    }
     let len = usize::try_from(c.len).map_err(|_| "a coded value longer than memory".to_string())?;
-    let value = codec::decode(c.codec, stored, len).map_err(|e| format!("{codec:?} value did not decode: {e:?}"))?;
+    let value = match c.dictionary {
+        0 => codec::decode(c.codec, stored, len).map_err(|e| format!("{codec:?} value did not decode: {e:?}"))?,
+        id if codec == Codec::Zstd => super::dicts::decode_with(dicts, id, stored, len)?,
+        id => return Err(format!("a {codec:?} value coded with dictionary {id}: only zstd has dictionaries")),
+    };
     if crc32c::crc32c(&value) != c.crc {
         return Err(format!("{codec:?} value decoded to other bytes than were stored"));
     }

@@ -25,6 +25,9 @@ pub enum Raw {
 thread_local! {
     static ZSTD_C: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
     static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+    // Contexts for coding with a prepared dictionary (the dictionary comes with each call).
+    static DICT_C: RefCell<Option<zstd::zstd_safe::CCtx<'static>>> = const { RefCell::new(None) };
+    static DICT_D: RefCell<Option<zstd::zstd_safe::DCtx<'static>>> = const { RefCell::new(None) };
 }
 
 /// Leading bytes of formats that are compressed already: coding them again gains nothing.
@@ -124,6 +127,83 @@ pub fn encode(codec: Codec, level: i32, value: &[u8]) -> Result<Vec<u8>, Raw> {
     match coded {
         Some(c) if c.len() <= most => Ok(c),
         _ => Err(Raw::NoGain),
+    }
+}
+
+/// A zstd dictionary made ready to code and decode with. Its own id field is zero, so frames
+/// coded with it carry no dictionary id (the record's metadata names the dictionary, and the
+/// value's CRC32C catches a frame decoded with any other).
+pub struct Prepared {
+    id: u32,
+    cdict: zstd::zstd_safe::CDict<'static>,
+    ddict: zstd::zstd_safe::DDict<'static>,
+}
+
+/// Leading bytes of a zstd dictionary (the trained kind, with entropy tables); its id follows.
+const DICT_MAGIC: [u8; 4] = [0x37, 0xa4, 0x30, 0xec];
+
+impl Prepared {
+    /// `bytes` (a trained zstd dictionary, its own id field zero), known to records as `id`,
+    /// ready to code with at `level`; `None` if they are not such a dictionary.
+    pub fn new(id: u32, bytes: &[u8], level: i32) -> Option<Prepared> {
+        if id == 0 || !bytes.starts_with(&DICT_MAGIC) || bytes.len() < 8 || bytes[4..8] != [0; 4] {
+            return None;
+        }
+        let cdict = zstd::zstd_safe::CDict::try_create(bytes, level)?;
+        let ddict = zstd::zstd_safe::DDict::try_create(bytes)?;
+        Some(Prepared { id, cdict, ddict })
+    }
+
+    /// The id records name the dictionary by.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+/// A zstd dictionary of at most `most` bytes trained on `samples` (concatenated; `sizes` gives
+/// each one's length), its id field zeroed (frames then spend no bytes naming it); `None` if
+/// zstd could not train one from them.
+pub fn train(samples: &[u8], sizes: &[usize], most: usize) -> Option<Vec<u8>> {
+    let mut dict = zstd::dict::from_continuous(samples, sizes, most).ok()?;
+    if !dict.starts_with(&DICT_MAGIC) || dict.len() < 8 {
+        return None;
+    }
+    dict[4..8].copy_from_slice(&[0; 4]);
+    Some(dict)
+}
+
+/// `value` coded with zstd and the dictionary `d`, when that saves at least an eighth;
+/// otherwise why it stays raw (as [`encode`]).
+pub fn encode_with(d: &Prepared, value: &[u8]) -> Result<Vec<u8>, Raw> {
+    if !worth_trying(value) {
+        return Err(Raw::Probed);
+    }
+    let most = value.len() - value.len() / 8;
+    let coded = DICT_C.with(|c| {
+        let mut c = c.borrow_mut();
+        let z = c.get_or_insert_with(zstd::zstd_safe::CCtx::create);
+        let mut out = Vec::with_capacity(most);
+        z.compress_using_cdict(&mut out, value, &d.cdict).ok()?;
+        Some(out)
+    });
+    match coded {
+        Some(c) if c.len() <= most => Ok(c),
+        _ => Err(Raw::NoGain),
+    }
+}
+
+/// Decodes `coded`, a zstd frame coded with the dictionary `d`, into exactly `len` bytes.
+pub fn decode_with(d: &Prepared, coded: &[u8], len: usize) -> Result<Vec<u8>, DecodeError> {
+    let out = DICT_D.with(|x| {
+        let mut x = x.borrow_mut();
+        let z = x.get_or_insert_with(zstd::zstd_safe::DCtx::create);
+        let mut out = Vec::with_capacity(len);
+        z.decompress_using_ddict(&mut out, coded, &d.ddict).ok()?;
+        Some(out)
+    });
+    match out {
+        Some(v) if v.len() == len => Ok(v),
+        _ => Err(DecodeError::Corrupt),
     }
 }
 

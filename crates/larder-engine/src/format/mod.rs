@@ -7,6 +7,7 @@
 
 pub mod alive;
 pub mod codec;
+pub mod dict;
 pub mod dir_id;
 pub mod flush;
 pub mod hint;

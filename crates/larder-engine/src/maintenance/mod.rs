@@ -42,6 +42,7 @@ fn run_job(disk: &Disk, memory: Option<&Memory>, job: Job) {
             let slots = &disk.ring.slots;
             disk.heads.retain(|slot, g| slots[slot as usize].generation.load(Ordering::Acquire) == g);
             disk.ring.counters.evicted_entries.fetch_add(removed, Ordering::Relaxed);
+            disk.collect_dictionaries();
         }
         Job::Punch { head, generation, after } => punch(disk, head, generation, after),
         Job::Replaced { loc, hash, after } => {

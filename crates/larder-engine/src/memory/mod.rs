@@ -32,9 +32,10 @@ use std::time::Duration;
 /// What memory keeps of a value.
 #[derive(Clone)]
 pub(crate) struct Cached {
-    /// The value, or its coded bytes when `coded` names their codec and the value's length.
+    /// The value, or its coded bytes when `coded` names their codec, dictionary (0: none)
+    /// and the value's length.
     pub data: Bytes,
-    pub coded: Option<(crate::types::Codec, u64)>,
+    pub coded: Option<(crate::types::Codec, u32, u64)>,
     pub position: Position,
     pub stored_ms: u64,
     pub expiry_ms: u64,
@@ -49,7 +50,7 @@ pub(crate) struct Cached {
 impl Cached {
     /// The value's length.
     pub fn len(&self) -> u64 {
-        self.coded.map_or(self.data.len() as u64, |(_, len)| len)
+        self.coded.map_or(self.data.len() as u64, |(_, _, len)| len)
     }
 }
 

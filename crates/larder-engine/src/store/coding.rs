@@ -14,7 +14,8 @@ use std::sync::atomic::Ordering;
 
 /// How a value is stored: coded with a codec, or as sent (and why, when compression is on).
 pub(super) enum Coding {
-    Coded(Vec<u8>, codec::Codec),
+    /// The coded bytes, their codec and the dictionary they were coded with (0: none).
+    Coded(Vec<u8>, codec::Codec, u32),
     Raw(Option<codec::Raw>),
 }
 
@@ -32,8 +33,9 @@ impl Store {
 
     /// How the value made of `parts` (`len` bytes) is stored under the store's compression
     /// setting: coded, or as sent (and, when compression is on and the value long enough,
-    /// why).
-    pub(super) fn code(&self, parts: &[&[u8]], len: u64) -> Coding {
+    /// why). With dictionaries, the value of `key` is coded with its prefix's (and sampled for
+    /// it while there is none); a chunk (no key) is coded alone.
+    pub(super) fn code(&self, key: Option<&[u8]>, parts: &[&[u8]], len: u64) -> Coding {
         let cfg = self.disk.ring.cfg.compression;
         let Some(codec) = cfg.codec.filter(|_| len >= cfg.min_size) else { return Coding::Raw(None) };
         let joined;
@@ -44,8 +46,30 @@ impl Store {
                 &joined
             }
         };
+        let prefix = match (&self.trainer, key) {
+            (Some(t), Some(key)) if codec == Codec::Zstd && t.takes(len) => t.prefix(key).map(|p| (t, p)),
+            _ => None,
+        };
+        if let Some((t, p)) = &prefix {
+            if let Some(d) = p.active() {
+                match codec::encode_with(&d.prepared, value) {
+                    Ok(bytes) => {
+                        t.coded(p, &d, len, bytes.len() as u64);
+                        return Coding::Coded(bytes, codec, d.id());
+                    }
+                    Err(codec::Raw::Probed) => return Coding::Raw(Some(codec::Raw::Probed)),
+                    Err(codec::Raw::NoGain) => {} // alone, it may still gain
+                }
+            }
+        }
         match codec::encode(codec, cfg.level, value) {
-            Ok(bytes) => Coding::Coded(bytes, codec),
+            Ok(bytes) => {
+                // Only values that compress are worth a dictionary's room.
+                if let Some((t, p)) = &prefix {
+                    t.offer(&self.disk, p, &[value]);
+                }
+                Coding::Coded(bytes, codec, 0)
+            }
             Err(why) => Coding::Raw(Some(why)),
         }
     }

@@ -14,6 +14,7 @@ mod keys;
 mod open;
 mod read;
 mod stream;
+mod train;
 mod write;
 
 pub use keys::{KeyCursor, KeyInfo};
@@ -39,6 +40,8 @@ pub struct Store {
     memory: Option<Arc<Memory>>,
     flights: Flights<Seen, Found>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// With `Compression::dictionary`: the prefixes and the training of their dictionaries.
+    trainer: Option<Arc<train::Trainer>>,
 }
 
 impl Store {
@@ -247,12 +250,42 @@ impl Store {
                     }
                 })
                 .collect(),
+            dictionaries: self.dictionary_stats(),
+        }
+    }
+
+    fn dictionary_stats(&self) -> crate::stats::DictionaryStats {
+        let (d, t) = (&self.disk.dicts, self.trainer.as_deref());
+        let n = |f: fn(&train::Trainer) -> &std::sync::atomic::AtomicU64| t.map_or(0, |t| f(t).load(Ordering::Relaxed));
+        crate::stats::DictionaryStats {
+            trained: n(|t| &t.trained),
+            retrains: n(|t| &t.retrains),
+            training_failures: n(|t| &t.failures),
+            removed: d.removed.load(Ordering::Relaxed),
+            damaged_files: d.damaged_files.load(Ordering::Relaxed),
+            each: d
+                .all()
+                .iter()
+                .map(|x| crate::stats::DictionaryInfo {
+                    id: x.id(),
+                    key_prefix: String::from_utf8_lossy(&x.key_prefix).into_owned(),
+                    bytes: x.len as u64,
+                    created_ms: x.created_ms,
+                    retired: x.retired(),
+                    values: x.values.load(Ordering::Relaxed),
+                    logical_bytes: x.logical_bytes.load(Ordering::Relaxed),
+                    stored_bytes: x.stored_bytes.load(Ordering::Relaxed),
+                })
+                .collect(),
         }
     }
 
     /// Stops the background threads, makes all data durable and writes the checkpoint of the
     /// active volume. Called by `Drop` too.
     pub fn close(&self) -> Result<()> {
+        if let Some(t) = &self.trainer {
+            t.finish();
+        }
         let threads = std::mem::take(&mut *self.threads.lock());
         if threads.is_empty() {
             return Ok(());

@@ -58,6 +58,11 @@ impl Store {
             tracing::warn!(asked = cfg.max_value_size, using = most, "largest value above a quarter of the ring");
             cfg.max_value_size = most;
         }
+        if let (Some(_), codec) = (cfg.compression.dictionary, cfg.compression.codec) {
+            if codec != Some(crate::types::Codec::Zstd) {
+                return Err(Error::new(crate::ErrorKind::Invalid, "dictionaries are zstd's: they need zstd compression"));
+            }
+        }
         let opened = dirs::open(&cfg.dirs, cfg.volume_size, cfg.volume_count, cfg.strict_dirs)?;
         let (mut manifest, dirs, hints_trusted) = (opened.manifest, opened.dirs, opened.hints_trusted);
         cfg.volume_count = manifest.volume_count; // kept while a directory is missing
@@ -99,7 +104,12 @@ impl Store {
         // Above a flush's cut, so that no new write is taken for one stored before it.
         let last_stamp = rec.max_stored_ms.max(flushes.floor(now_ms()));
         let start = Start { slot, offset, next_sequence: rec.next_sequence, last_stamp };
-        let mut disk = Disk::new(ring, rec.index, start, rec.report, forget, flushes);
+        let level = match ring.cfg.compression.codec {
+            Some(crate::types::Codec::Zstd) => ring.cfg.compression.level,
+            _ => zstd::DEFAULT_COMPRESSION_LEVEL,
+        };
+        let dicts = crate::disk::dicts::Dicts::load(&ring.dirs, ring.slots.len(), level);
+        let mut disk = Disk::new(ring, rec.index, start, rec.report, forget, flushes, dicts);
         for (slot, generation, offset) in rec.heads {
             disk.heads.insert(slot, generation, offset);
         }
@@ -144,6 +154,12 @@ impl Store {
                 through: None,
             });
         }
-        Ok(Store { disk, memory, flights: Flights::default(), threads: Mutex::new(threads) })
+        let trainer = disk
+            .ring
+            .cfg
+            .compression
+            .dictionary
+            .map(|d| Arc::new(super::train::Trainer::new(d, &disk.dicts.all())));
+        Ok(Store { disk, memory, flights: Flights::default(), threads: Mutex::new(threads), trainer })
     }
 }

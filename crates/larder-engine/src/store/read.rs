@@ -6,6 +6,7 @@
 use super::write::check_key;
 use super::Store;
 use crate::clock::now_ms;
+use crate::disk::dicts::Dicts;
 use crate::disk::{decode_checked, Got, Seen};
 use crate::format::meta;
 use crate::memory::flight::{Join, Target};
@@ -25,23 +26,25 @@ impl Target for Seen {
 }
 
 /// The value memory holds, decoded if memory holds it coded (unless `send_zstd` and it is
-/// coded with Zstandard, or only a `describe`ion is wanted: then `data` stays empty); `None` if decoding fails (which only a bug
-/// can make happen: memory holds what a write coded or a verified read found).
-pub(super) fn from_cached(c: Cached, send_zstd: bool, describe: bool) -> Option<Value> {
+/// coded with Zstandard and no dictionary, or only a `describe`ion is wanted: then `data`
+/// stays empty); `None` if decoding fails (a bug, or a dictionary long removed: memory holds
+/// what a write coded or a verified read found).
+pub(super) fn from_cached(dicts: &Dicts, c: Cached, send_zstd: bool, describe: bool) -> Option<Value> {
     let Cached { data, coded, position, stored_ms, expiry_ms, crc, content_type, attrs, flags, stale } = c;
     let mut len = data.len() as u64;
     let (data, coded) = match coded {
         None => (data, None),
         // A description (HEAD, a revalidation) needs no bytes of the value: none are decoded.
-        Some((codec, n)) if describe || (send_zstd && codec == Codec::Zstd) => {
+        // A client holds no dictionary: a value coded with one is always decoded for it.
+        Some((codec, dictionary, n)) if describe || (send_zstd && codec == Codec::Zstd && dictionary == 0) => {
             len = n;
-            (Bytes::new(), Some(CodedBytes { codec, data }))
+            (Bytes::new(), Some(CodedBytes { codec, dictionary, data }))
         }
-        Some((codec, n)) => {
+        Some((codec, dictionary, n)) => {
             len = n;
-            let entry = meta::Coded { codec: codec.id(), dictionary: 0, len, crc };
-            let (value, codec) = decode_checked(&data, &entry).ok()?;
-            (value, Some(CodedBytes { codec, data }))
+            let entry = meta::Coded { codec: codec.id(), dictionary, len, crc };
+            let (value, codec) = decode_checked(dicts, &data, &entry).ok()?;
+            (value, Some(CodedBytes { codec, dictionary, data }))
         }
     };
     let start = 0;
@@ -66,7 +69,7 @@ pub(super) fn from_cached(c: Cached, send_zstd: bool, describe: bool) -> Option<
 /// on to a larger read buffer; its coded bytes when it is stored coded (more values fit).
 fn to_cached(v: &Value) -> Cached {
     let (data, coded) = match &v.coded {
-        Some(c) => (Bytes::copy_from_slice(&c.data), Some((c.codec, v.len))),
+        Some(c) => (Bytes::copy_from_slice(&c.data), Some((c.codec, c.dictionary, v.len))),
         None => (Bytes::copy_from_slice(&v.data), None),
     };
     Cached {
@@ -142,7 +145,7 @@ impl Store {
             self.reconcile_memory(hash, key, None);
             return None;
         }
-        let Some(v) = from_cached(c, send_zstd, describe) else {
+        let Some(v) = from_cached(&sh.dicts, c, send_zstd, describe) else {
             sh.ring.counters.decode_failures.fetch_add(1, Ordering::Relaxed);
             tracing::error!("a value memory held coded did not decode; dropped from memory");
             self.reconcile_memory(hash, key, None);

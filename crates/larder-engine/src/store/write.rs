@@ -238,7 +238,7 @@ impl Store {
         if !wait && total_len > INLINE_CODING && self.codes(total_len) {
             return Ok(None);
         }
-        let coded = self.code(value, total_len);
+        let coded = self.code(Some(key), value, total_len);
         let blocks = if matches!(coded, Coding::Coded(..)) { None } else { blocks };
         meta::encode(&mut meta, opts.content_type, blocks.as_ref());
         meta::encode_flags(&mut meta, opts.flags, opts.stale);
@@ -246,9 +246,9 @@ impl Store {
         let raw = Prepared { value, value_crc, meta, flags: 0, len: total_len, crc: value_crc, chunks: &[], stored_ms };
         let c = &sh.ring.counters;
         let stored = match coded {
-            Coding::Coded(bytes, codec) => {
+            Coding::Coded(bytes, codec, dictionary) => {
                 let mut p = raw;
-                let entry = meta::Coded { codec: codec.id(), dictionary: 0, len: total_len, crc: value_crc };
+                let entry = meta::Coded { codec: codec.id(), dictionary, len: total_len, crc: value_crc };
                 meta::encode_coded(&mut p.meta, &entry);
                 let parts: [&[u8]; 1] = [&bytes];
                 let p = Prepared { value: &parts, value_crc: crc32c::crc32c(&bytes), flags: FLAG_CODED, ..p };
@@ -331,7 +331,7 @@ impl Store {
                 coded: (flags == FLAG_CODED)
                     .then(|| Meta::parse(&meta_block).coded)
                     .flatten()
-                    .and_then(|c| Some((crate::types::Codec::from_id(c.codec)?, c.len))),
+                    .and_then(|c| Some((crate::types::Codec::from_id(c.codec)?, c.dictionary, c.len))),
                 position: Position { volume: 0, offset: 0, size: 0 },
                 stored_ms: 0,
                 expiry_ms: 0,
@@ -443,9 +443,9 @@ impl Store {
         let mut m = Vec::new();
         // Each chunk is coded on its own, as a small value is: a range decodes only the
         // chunks it covers (a coded chunk has no block checksums: it is read whole).
-        let coded = self.code(&[chunk], chunk.len() as u64);
+        let coded = self.code(None, &[chunk], chunk.len() as u64);
         let (flags, stored, stored_crc) = match &coded {
-            Coding::Coded(bytes, codec) => {
+            Coding::Coded(bytes, codec, _) => {
                 meta::encode(&mut m, None, None);
                 meta::encode_chunk(&mut m, index);
                 let entry = meta::Coded { codec: codec.id(), dictionary: 0, len: chunk.len() as u64, crc };
@@ -664,9 +664,13 @@ impl Store {
         // Written anew, but the same value: its store time, and so its version, stay; a
         // Zstandard frame stays the same bytes (its strong ETag names them).
         let written = match c.coded {
-            Some((Codec::Zstd, _)) => self.put_coded_inner(key, Codec::Zstd, &c.data, &opts, true, Some(c.stored_ms)),
+            Some((Codec::Zstd, 0, _)) => {
+                self.put_coded_inner(key, Codec::Zstd, &c.data, &opts, true, Some(c.stored_ms))
+            }
             _ => {
-                let Some(value) = super::read::from_cached(c.clone(), false, false) else { return Ok(None) };
+                let Some(value) = super::read::from_cached(&self.disk.dicts, c.clone(), false, false) else {
+                    return Ok(None);
+                };
                 self.put_inner(key, &[&value.data], &opts, true, Some(c.stored_ms))
             }
         };

@@ -1,0 +1,263 @@
+//! Dictionaries trained automatically, one per key prefix (`Compression::dictionary`): a
+//! prefix's small values are sampled until there are enough to train on; a thread trains the
+//! dictionary and keeps it on disk (`disk::dicts`) before the prefix's values are coded with
+//! it; when the values it codes compress markedly worse than they did at first, the prefix is
+//! sampled and trained again, and the old dictionary retired (kept while records need it).
+
+use crate::config::Dictionaries;
+use crate::disk::dicts::Dict;
+use crate::disk::Disk;
+use crate::format::codec;
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Most prefixes followed: the keys of further prefixes are coded without a dictionary.
+const MAX_PREFIXES: usize = 256;
+/// Largest dictionary trained (zstd's guidance: about a hundredth of the sample, and a sample
+/// far larger than the dictionary; small samples get smaller dictionaries).
+const MAX_DICT: usize = 64 << 10;
+/// Values coded with a new dictionary before its ratio is taken as the one to keep up.
+const SETTLE: u64 = 64;
+/// Values per window whose ratio is compared with that one.
+const WINDOW: u64 = 256;
+/// A window this much worse (coded bytes per byte) than the settled ratio retrains.
+const WORSE: f64 = 1.25;
+/// Trainings of one prefix that fail in a row before it is left without a dictionary.
+const MAX_FAILURES: u32 = 3;
+
+/// The values sampled for a prefix's next dictionary.
+#[derive(Default)]
+struct Sample {
+    on: bool,
+    bytes: Vec<u8>,
+    sizes: Vec<usize>,
+    failures: u32,
+}
+
+/// What is known of one key prefix.
+pub(super) struct Prefix {
+    key_prefix: Vec<u8>,
+    active: RwLock<Option<Arc<Dict>>>,
+    sample: Mutex<Sample>,
+    /// Since the active dictionary took over: values, bytes as sent, bytes coded; the
+    /// settled ratio (coded per sent, in millionths) and the current window's start.
+    values: AtomicU64,
+    logical: AtomicU64,
+    coded: AtomicU64,
+    settled: AtomicU64,
+    window: Mutex<(u64, u64)>,
+}
+
+impl Prefix {
+    fn new(key_prefix: Vec<u8>, active: Option<Arc<Dict>>) -> Prefix {
+        let sampling = active.is_none();
+        Prefix {
+            key_prefix,
+            active: RwLock::new(active),
+            sample: Mutex::new(Sample { on: sampling, ..Default::default() }),
+            values: AtomicU64::new(0),
+            logical: AtomicU64::new(0),
+            coded: AtomicU64::new(0),
+            settled: AtomicU64::new(0),
+            window: Mutex::new((0, 0)),
+        }
+    }
+
+    /// The dictionary that codes this prefix's values now.
+    pub fn active(&self) -> Option<Arc<Dict>> {
+        self.active.read().clone()
+    }
+}
+
+/// The store's prefixes and its one training thread.
+pub(crate) struct Trainer {
+    cfg: Dictionaries,
+    prefixes: RwLock<HashMap<Vec<u8>, Arc<Prefix>>>,
+    busy: AtomicBool,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    pub trained: AtomicU64,
+    pub retrains: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+/// The prefix of `key`: its first `depth` segments (split at `/`), or the empty prefix for a
+/// key with fewer (such keys share one dictionary).
+pub(crate) fn prefix_of(key: &[u8], depth: u32) -> &[u8] {
+    let mut seen = 0;
+    for (i, &b) in key.iter().enumerate() {
+        if b == b'/' && i > 0 {
+            seen += 1;
+            if seen == depth {
+                return &key[..i];
+            }
+        }
+    }
+    &[]
+}
+
+impl Trainer {
+    /// The trainer of a store whose dictionaries on disk are `dicts` (the newest of each prefix
+    /// codes it again).
+    pub fn new(cfg: Dictionaries, dicts: &[Arc<Dict>]) -> Trainer {
+        let mut prefixes = HashMap::new();
+        for d in dicts.iter().filter(|d| !d.retired()) {
+            prefixes.insert(d.key_prefix.clone(), Arc::new(Prefix::new(d.key_prefix.clone(), Some(d.clone()))));
+        }
+        Trainer {
+            cfg,
+            prefixes: RwLock::new(prefixes),
+            busy: AtomicBool::new(false),
+            thread: Mutex::new(None),
+            trained: AtomicU64::new(0),
+            retrains: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a value of `len` bytes is one a dictionary codes (and samples).
+    pub fn takes(&self, len: u64) -> bool {
+        len <= self.cfg.max_value
+    }
+
+    /// The prefix `key` belongs to; `None` past [`MAX_PREFIXES`].
+    pub fn prefix(&self, key: &[u8]) -> Option<Arc<Prefix>> {
+        let p = prefix_of(key, self.cfg.depth);
+        if let Some(x) = self.prefixes.read().get(p) {
+            return Some(x.clone());
+        }
+        let mut all = self.prefixes.write();
+        if all.len() >= MAX_PREFIXES && !all.contains_key(p) {
+            return None;
+        }
+        Some(all.entry(p.to_vec()).or_insert_with(|| Arc::new(Prefix::new(p.to_vec(), None))).clone())
+    }
+
+    /// Notes that a value of `len` bytes of `p` was coded with its dictionary `d` into `coded`
+    /// bytes; starts sampling anew when the window's ratio is markedly worse than the settled.
+    pub fn coded(&self, p: &Prefix, d: &Dict, len: u64, coded: u64) {
+        d.values.fetch_add(1, Ordering::Relaxed);
+        d.logical_bytes.fetch_add(len, Ordering::Relaxed);
+        d.stored_bytes.fetch_add(coded, Ordering::Relaxed);
+        let n = p.values.fetch_add(1, Ordering::Relaxed) + 1;
+        let logical = p.logical.fetch_add(len, Ordering::Relaxed) + len;
+        let total = p.coded.fetch_add(coded, Ordering::Relaxed) + coded;
+        if n == SETTLE {
+            p.settled.store(total * 1_000_000 / logical.max(1), Ordering::Relaxed);
+            *p.window.lock() = (logical, total);
+        } else if n > SETTLE && (n - SETTLE) % WINDOW == 0 {
+            let settled = p.settled.load(Ordering::Relaxed) as f64;
+            let mut w = p.window.lock();
+            let ratio = (total - w.1) as f64 * 1e6 / (logical - w.0).max(1) as f64;
+            *w = (logical, total);
+            if ratio > settled * WORSE {
+                let mut s = p.sample.lock();
+                if !s.on && s.failures < MAX_FAILURES {
+                    tracing::info!(prefix = %String::from_utf8_lossy(&p.key_prefix), settled = settled / 1e6, now = ratio / 1e6, "values compress worse with their dictionary: training another");
+                    self.retrains.fetch_add(1, Ordering::Relaxed);
+                    *s = Sample { on: true, failures: s.failures, ..Default::default() };
+                }
+            }
+        }
+    }
+
+    /// Offers `value` of prefix `p` to its sample; once the sample is large enough (and no
+    /// other training runs) a thread trains its dictionary.
+    pub fn offer(self: &Arc<Self>, disk: &Arc<Disk>, p: &Arc<Prefix>, value: &[&[u8]]) {
+        let mut s = p.sample.lock();
+        if !s.on {
+            return;
+        }
+        if (s.bytes.len() as u64) < self.cfg.sample_bytes {
+            let len: usize = value.iter().map(|v| v.len()).sum();
+            value.iter().for_each(|v| s.bytes.extend_from_slice(v));
+            s.sizes.push(len);
+        }
+        if (s.bytes.len() as u64) < self.cfg.sample_bytes || self.busy.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let taken = std::mem::take(&mut *s);
+        s.failures = taken.failures;
+        drop(s);
+        let (disk, p) = (disk.clone(), p.clone());
+        let mut thread = self.thread.lock();
+        if let Some(t) = thread.take() {
+            let _ = t.join(); // done: `busy` was clear
+        }
+        let started = std::thread::Builder::new().name("larder-train".into()).spawn({
+            let trainer = TrainJob { trainer: self.clone(), disk, p, sample: taken };
+            move || trainer.run()
+        });
+        match started {
+            Ok(t) => *thread = Some(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not start training a dictionary");
+                self.busy.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    /// Waits for a training under way (at close).
+    pub fn finish(&self) {
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+
+    /// A training ended (`ok` if a dictionary now codes the prefix).
+    fn ended(&self, ok: bool) {
+        if ok {
+            self.trained.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        self.busy.store(false, Ordering::Release);
+    }
+}
+
+/// One training: of `p`'s dictionary, from `sample`.
+struct TrainJob {
+    trainer: Arc<Trainer>,
+    disk: Arc<Disk>,
+    p: Arc<Prefix>,
+    sample: Sample,
+}
+
+impl TrainJob {
+    fn run(self) {
+        let TrainJob { trainer, disk, p, sample } = self;
+        let most = (sample.bytes.len() / 10).clamp(1 << 10, MAX_DICT);
+        let t0 = std::time::Instant::now();
+        let id = disk.dicts.next_id();
+        let trained = codec::train(&sample.bytes, &sample.sizes, most)
+            .ok_or_else(|| "zstd could not train a dictionary from the sample".to_string())
+            .and_then(|bytes| {
+                disk.dicts.add(&disk.ring.dirs, id, &p.key_prefix, &bytes).map_err(|e| e.to_string())
+            });
+        let prefix = String::from_utf8_lossy(&p.key_prefix).into_owned();
+        match trained {
+            Ok(d) => {
+                tracing::info!(prefix, id, bytes = d.len, values = sample.sizes.len(), ms = t0.elapsed().as_millis() as u64, "trained a dictionary");
+                let old = p.active.write().replace(d);
+                for n in [&p.values, &p.logical, &p.coded, &p.settled] {
+                    n.store(0, Ordering::Relaxed);
+                }
+                if let Some(old) = old {
+                    old.retire();
+                }
+                p.sample.lock().failures = 0;
+                trainer.ended(true);
+            }
+            Err(e) => {
+                tracing::warn!(prefix, error = %e, "training a dictionary failed");
+                let mut s = p.sample.lock();
+                s.failures += 1;
+                // Sampled again (from scratch), unless it failed too often.
+                s.on = s.failures < MAX_FAILURES;
+                drop(s);
+                trainer.ended(false);
+            }
+        }
+    }
+}
