@@ -49,8 +49,8 @@ pub mod check;
 
 pub use clock::now_ms;
 pub use config::{
-    Compression, Dictionaries, Eviction, ExpiryCap, FsyncPolicy, MemoryConfig, StoreConfig, DEFAULT_COMPRESSION_MIN_SIZE,
-    MIN_VOLUME_SIZE,
+    Compression, Dictionaries, Eviction, ExpiryCap, FsyncPolicy, MemoryConfig, StoreConfig,
+    DEFAULT_COMPRESSION_MIN_SIZE, MIN_VOLUME_SIZE,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use format::meta::{MAX_ATTRS, MAX_CONTENT_TYPE};

@@ -27,9 +27,30 @@ fn config(dir: &Path, memory: u64) -> StoreConfig {
 }
 
 const WORDS: [&str; 24] = [
-    "package", "version", "depends", "maintainer", "description", "homepage", "section", "priority", "library",
-    "runtime", "development", "files", "headers", "documentation", "architecture", "source", "binary", "checksum",
-    "translation", "upstream", "release", "security", "update", "status",
+    "package",
+    "version",
+    "depends",
+    "maintainer",
+    "description",
+    "homepage",
+    "section",
+    "priority",
+    "library",
+    "runtime",
+    "development",
+    "files",
+    "headers",
+    "documentation",
+    "architecture",
+    "source",
+    "binary",
+    "checksum",
+    "translation",
+    "upstream",
+    "release",
+    "security",
+    "update",
+    "status",
 ];
 
 /// A JSON document of about `len` bytes, as the records of one API are: the same field names

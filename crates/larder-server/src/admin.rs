@@ -200,6 +200,12 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
                     "raw_probed": s.raw_probed,
                     "raw_no_gain": s.raw_no_gain,
                     "decode_failures": s.decode_failures,
+                    "dictionary": app.settings.compression.dictionary.map(|d| serde_json::json!({
+                        "depth": d.depth,
+                        "sample_bytes": d.sample_bytes,
+                        "max_value": d.max_value,
+                    })),
+                    "dictionaries": dictionaries(&s.dictionaries),
                 }),
                 "cluster": app.settings.cluster.as_ref().map(|c| serde_json::json!({
                     "self": c.ring.nodes()[c.me].name,
@@ -284,6 +290,27 @@ pub fn recovery_status(p: &RecoveryProgress, elapsed: Duration) -> String {
         line.push_str(&format!(", about {left:.0} s left"));
     }
     line
+}
+
+/// The dictionaries' part of the stats, as JSON.
+fn dictionaries(d: &larder_engine::DictionaryStats) -> serde_json::Value {
+    serde_json::json!({
+        "trained": d.trained,
+        "retrains": d.retrains,
+        "training_failures": d.training_failures,
+        "removed": d.removed,
+        "damaged_files": d.damaged_files,
+        "each": d.each.iter().map(|x| serde_json::json!({
+            "id": x.id,
+            "prefix": x.key_prefix,
+            "bytes": x.bytes,
+            "created_ms": x.created_ms,
+            "retired": x.retired,
+            "values": x.values,
+            "logical_bytes": x.logical_bytes,
+            "stored_bytes": x.stored_bytes,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 #[cfg(test)]

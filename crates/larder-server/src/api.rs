@@ -61,7 +61,7 @@ fn describe(r: &mut Resp, v: &Value, coding: Coding) {
 /// Whether `v` is stored as a Zstandard frame (no dictionary), which a client that accepts
 /// `zstd` is sent as it is.
 fn sendable(v: &Value) -> bool {
-    v.coded.as_ref().is_some_and(|c| c.codec == Codec::Zstd)
+    v.coded.as_ref().is_some_and(|c| c.codec == Codec::Zstd && c.dictionary == 0)
 }
 
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";

@@ -162,6 +162,18 @@ fn engine(s: &Stats) {
     counter!("larder_coded_logical_bytes_total").absolute(s.coded_logical_bytes);
     counter!("larder_coded_stored_bytes_total").absolute(s.coded_stored_bytes);
     counter!("larder_decode_failures_total").absolute(s.decode_failures);
+    let d = &s.dictionaries;
+    gauge!("larder_dictionaries", "state" => "active").set(d.each.iter().filter(|x| !x.retired).count() as f64);
+    gauge!("larder_dictionaries", "state" => "retired").set(d.each.iter().filter(|x| x.retired).count() as f64);
+    counter!("larder_dictionaries_trained_total").absolute(d.trained);
+    counter!("larder_dictionaries_removed_total").absolute(d.removed);
+    counter!("larder_dictionary_training_failures_total").absolute(d.training_failures);
+    gauge!("larder_dictionary_files_damaged").set(d.damaged_files as f64);
+    // Since open, summed over the dictionaries (a prefix's label would grow without bound).
+    let sum = |f: fn(&larder_engine::DictionaryInfo) -> u64| d.each.iter().map(f).sum::<u64>();
+    gauge!("larder_dictionary_coded_values").set(sum(|x| x.values) as f64);
+    gauge!("larder_dictionary_coded_logical_bytes").set(sum(|x| x.logical_bytes) as f64);
+    gauge!("larder_dictionary_coded_stored_bytes").set(sum(|x| x.stored_bytes) as f64);
     gauge!("larder_started_empty").set(if s.recovery.started_empty { 1.0 } else { 0.0 });
     counter!("larder_downtime_flushes_total").absolute(s.downtime_flushes);
     if let Some(ms) = s.recovery.down_ms {
@@ -210,6 +222,14 @@ fn describe() {
     );
     c!("larder_coded_logical_bytes_total", Unit::Bytes, "Bytes of the values stored coded, as sent.");
     c!("larder_coded_stored_bytes_total", Unit::Bytes, "Bytes those values were stored in.");
+    g!("larder_dictionaries", "--compression-dictionary auto: dictionaries on disk, coding their prefix (active) or kept for records that need them (retired).");
+    c!("larder_dictionaries_trained_total", "Dictionaries trained since start.");
+    c!("larder_dictionaries_removed_total", "Retired dictionaries removed once no volume needed them.");
+    c!("larder_dictionary_training_failures_total", "Trainings that produced no dictionary.");
+    g!("larder_dictionary_files_damaged", "Dictionary files found damaged at start (their values read as misses).");
+    g!("larder_dictionary_coded_values", "Values coded with a dictionary since start (of dictionaries still on disk).");
+    g!("larder_dictionary_coded_logical_bytes", Unit::Bytes, "Their bytes as sent.");
+    g!("larder_dictionary_coded_stored_bytes", Unit::Bytes, "Their bytes as stored.");
     c!(
         "larder_decode_failures_total",
         "Coded values whose checksum held but which did not decode: answered as misses."

@@ -127,6 +127,10 @@ fn settings_that_cannot_be_honoured_refuse_to_start() {
         (&["--compression", "lz4", "--compression-level", "3"][..], "lz4 has no levels"),
         (&["--compression", "zstd", "--compression-level", "30"][..], "not a zstd level"),
         (&["--compression", "gzip"][..], "unknown codec"),
+        (&["--compression", "lz4", "--compression-dictionary", "auto"][..], "needs --compression zstd"),
+        (&["--compression-dictionary", "auto"][..], "needs --compression zstd"),
+        (&["--compression", "zstd", "--compression-dictionary-depth", "2"][..], "need --compression-dictionary auto"),
+        (&["--compression", "zstd", "--compression-dictionary", "yes"][..], "use auto or none"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_larder"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
@@ -329,4 +333,68 @@ fn a_value_put_coded_with_zstd_is_kept_as_sent() {
         let r = c.request("PUT", "/plain", &[("Content-Encoding", "identity")], b"as is");
         assert_eq!((r.status, c.get("/plain").body), (200, b"as is".to_vec()));
     }
+}
+
+/// `--compression-dictionary auto`: a prefix's values train a dictionary (seen in the stats);
+/// the values it codes reach every client decoded (no client holds the dictionary: no
+/// `Content-Encoding`, no `Vary`), over HTTP and memcached, after a graceful restart and a
+/// kill -9, and `larder check` decodes them.
+#[test]
+fn values_coded_with_a_trained_dictionary_reach_every_client_decoded() {
+    let args = [
+        "--compression",
+        "zstd",
+        "--compression-dictionary",
+        "auto",
+        "--compression-dictionary-sample",
+        "16KiB",
+        "--memory-capacity",
+        "64MiB",
+        "--memcache-listen",
+        "127.0.0.1:0",
+    ];
+    let mut s = Server::start(&args);
+    let mut c = s.client();
+    let doc = |i: u32| page(700 + (i as usize * 131) % 1500, i);
+    for i in 0..60 {
+        assert_eq!(c.put(&format!("/api/{i}"), &doc(i)).status, 200);
+    }
+    let dicts = |s: &Server| s.stats()["compression"]["dictionaries"].clone();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while dicts(&s)["trained"] != 1 {
+        assert!(std::time::Instant::now() < until, "no dictionary: {}", dicts(&s));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let d = dicts(&s)["each"][0].clone();
+    assert_eq!((d["prefix"].as_str(), d["retired"].as_bool()), (Some("api"), Some(false)), "{d}");
+    let mut vals: Vec<(String, Vec<u8>)> = (100..130).map(|i| (format!("/api/{i}"), doc(i))).collect();
+    for (k, v) in &vals {
+        assert_eq!(c.put(k, v).status, 200);
+    }
+    assert_eq!(dicts(&s)["each"][0]["values"], 30);
+    let decoded = |s: &Server, vals: &[(String, Vec<u8>)], when: &str| {
+        let mut c = s.client();
+        for (k, v) in vals {
+            let r = c.request("GET", k, &[("Accept-Encoding", "zstd")], b"");
+            assert_eq!((r.status, r.header("content-encoding"), r.header("vary")), (200, None, None), "{when} {k}");
+            assert!(r.body == *v, "{when} {k}");
+        }
+        check_all(s, vals, when);
+    };
+    decoded(&s, &vals, "from memory, held coded");
+    s.stop();
+    s.restart();
+    decoded(&s, &vals, "after a graceful restart");
+    let late = ("/api/late".to_string(), doc(999));
+    assert_eq!(s.client().put(&late.0, &late.1).status, 200);
+    vals.push(late);
+    s.kill();
+    s.restart();
+    decoded(&s, &vals, "after kill -9");
+    assert_eq!(s.stats()["compression"]["decode_failures"], 0);
+    s.stop();
+    let out = Command::new(env!("CARGO_BIN_EXE_larder")).args(["check"]).arg(&s.dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("1 compression dictionaries, sound"), "{text}");
 }

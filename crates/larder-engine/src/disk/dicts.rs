@@ -12,8 +12,8 @@ use crate::format::codec::{self, Codec, Prepared};
 use crate::format::dict::{self, DictFile};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Dictionaries removed from disk whose decoders are kept, newest last: memory may still hold
@@ -270,5 +270,6 @@ impl super::Disk {
 /// Decodes `stored` with the dictionary `id` into exactly `len` bytes.
 pub(crate) fn decode_with(dicts: &Dicts, id: u32, stored: &[u8], len: usize) -> Result<Vec<u8>, String> {
     let d = dicts.get(id).ok_or_else(|| format!("a value coded with dictionary {id}, which is missing or damaged"))?;
-    codec::decode_with(&d.prepared, stored, len).map_err(|e| format!("a value coded with dictionary {id} did not decode: {e:?}"))
+    codec::decode_with(&d.prepared, stored, len)
+        .map_err(|e| format!("a value coded with dictionary {id} did not decode: {e:?}"))
 }

@@ -233,7 +233,8 @@ impl Disk {
             let mut v = part_of(loc, &h, Bytes::new(), (0, c.len, c.crc), &meta);
             // Names the coding (not its bytes, which were not read): a door's choice of
             // representation depends on it.
-            v.coded = Codec::from_id(c.codec).map(|codec| CodedBytes { codec, dictionary: c.dictionary, data: Bytes::new() });
+            v.coded =
+                Codec::from_id(c.codec).map(|codec| CodedBytes { codec, dictionary: c.dictionary, data: Bytes::new() });
             return Ok(Got::Value(v, h.generation));
         }
         let len = h.value_len as u64;

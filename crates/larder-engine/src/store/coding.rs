@@ -55,6 +55,7 @@ impl Store {
                 match codec::encode_with(&d.prepared, value) {
                     Ok(bytes) => {
                         t.coded(p, &d, len, bytes.len() as u64);
+                        t.offer(&self.disk, p, &[value]); // sampled while it is trained anew
                         return Coding::Coded(bytes, codec, d.id());
                     }
                     Err(codec::Raw::Probed) => return Coding::Raw(Some(codec::Raw::Probed)),

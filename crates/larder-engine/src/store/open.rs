@@ -60,7 +60,10 @@ impl Store {
         }
         if let (Some(_), codec) = (cfg.compression.dictionary, cfg.compression.codec) {
             if codec != Some(crate::types::Codec::Zstd) {
-                return Err(Error::new(crate::ErrorKind::Invalid, "dictionaries are zstd's: they need zstd compression"));
+                return Err(Error::new(
+                    crate::ErrorKind::Invalid,
+                    "dictionaries are zstd's: they need zstd compression",
+                ));
             }
         }
         let opened = dirs::open(&cfg.dirs, cfg.volume_size, cfg.volume_count, cfg.strict_dirs)?;
@@ -154,12 +157,8 @@ impl Store {
                 through: None,
             });
         }
-        let trainer = disk
-            .ring
-            .cfg
-            .compression
-            .dictionary
-            .map(|d| Arc::new(super::train::Trainer::new(d, &disk.dicts.all())));
+        let trainer =
+            disk.ring.cfg.compression.dictionary.map(|d| Arc::new(super::train::Trainer::new(d, &disk.dicts.all())));
         Ok(Store { disk, memory, flights: Flights::default(), threads: Mutex::new(threads), trainer })
     }
 }

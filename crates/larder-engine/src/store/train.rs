@@ -41,6 +41,8 @@ pub(super) struct Prefix {
     key_prefix: Vec<u8>,
     active: RwLock<Option<Arc<Dict>>>,
     sample: Mutex<Sample>,
+    /// Whether `sample` takes values (`Sample::on`, read without its lock on every put).
+    sampling: AtomicBool,
     /// Since the active dictionary took over: values, bytes as sent, bytes coded; the
     /// settled ratio (coded per sent, in millionths) and the current window's start.
     values: AtomicU64,
@@ -57,6 +59,7 @@ impl Prefix {
             key_prefix,
             active: RwLock::new(active),
             sample: Mutex::new(Sample { on: sampling, ..Default::default() }),
+            sampling: AtomicBool::new(sampling),
             values: AtomicU64::new(0),
             logical: AtomicU64::new(0),
             coded: AtomicU64::new(0),
@@ -146,7 +149,7 @@ impl Trainer {
         if n == SETTLE {
             p.settled.store(total * 1_000_000 / logical.max(1), Ordering::Relaxed);
             *p.window.lock() = (logical, total);
-        } else if n > SETTLE && (n - SETTLE) % WINDOW == 0 {
+        } else if n > SETTLE && (n - SETTLE).is_multiple_of(WINDOW) {
             let settled = p.settled.load(Ordering::Relaxed) as f64;
             let mut w = p.window.lock();
             let ratio = (total - w.1) as f64 * 1e6 / (logical - w.0).max(1) as f64;
@@ -157,6 +160,7 @@ impl Trainer {
                     tracing::info!(prefix = %String::from_utf8_lossy(&p.key_prefix), settled = settled / 1e6, now = ratio / 1e6, "values compress worse with their dictionary: training another");
                     self.retrains.fetch_add(1, Ordering::Relaxed);
                     *s = Sample { on: true, failures: s.failures, ..Default::default() };
+                    p.sampling.store(true, Ordering::Relaxed);
                 }
             }
         }
@@ -165,6 +169,9 @@ impl Trainer {
     /// Offers `value` of prefix `p` to its sample; once the sample is large enough (and no
     /// other training runs) a thread trains its dictionary.
     pub fn offer(self: &Arc<Self>, disk: &Arc<Disk>, p: &Arc<Prefix>, value: &[&[u8]]) {
+        if !p.sampling.load(Ordering::Relaxed) {
+            return;
+        }
         let mut s = p.sample.lock();
         if !s.on {
             return;
@@ -179,6 +186,7 @@ impl Trainer {
         }
         let taken = std::mem::take(&mut *s);
         s.failures = taken.failures;
+        p.sampling.store(false, Ordering::Relaxed);
         drop(s);
         let (disk, p) = (disk.clone(), p.clone());
         let mut thread = self.thread.lock();
@@ -193,6 +201,7 @@ impl Trainer {
             Ok(t) => *thread = Some(t),
             Err(e) => {
                 tracing::warn!(error = %e, "could not start training a dictionary");
+                self.failures.fetch_add(1, Ordering::Relaxed);
                 self.busy.store(false, Ordering::Release);
             }
         }
@@ -232,13 +241,18 @@ impl TrainJob {
         let id = disk.dicts.next_id();
         let trained = codec::train(&sample.bytes, &sample.sizes, most)
             .ok_or_else(|| "zstd could not train a dictionary from the sample".to_string())
-            .and_then(|bytes| {
-                disk.dicts.add(&disk.ring.dirs, id, &p.key_prefix, &bytes).map_err(|e| e.to_string())
-            });
+            .and_then(|bytes| disk.dicts.add(&disk.ring.dirs, id, &p.key_prefix, &bytes).map_err(|e| e.to_string()));
         let prefix = String::from_utf8_lossy(&p.key_prefix).into_owned();
         match trained {
             Ok(d) => {
-                tracing::info!(prefix, id, bytes = d.len, values = sample.sizes.len(), ms = t0.elapsed().as_millis() as u64, "trained a dictionary");
+                tracing::info!(
+                    prefix,
+                    id,
+                    bytes = d.len,
+                    values = sample.sizes.len(),
+                    ms = t0.elapsed().as_millis() as u64,
+                    "trained a dictionary"
+                );
                 let old = p.active.write().replace(d);
                 for n in [&p.values, &p.logical, &p.coded, &p.settled] {
                     n.store(0, Ordering::Relaxed);
@@ -255,6 +269,7 @@ impl TrainJob {
                 s.failures += 1;
                 // Sampled again (from scratch), unless it failed too often.
                 s.on = s.failures < MAX_FAILURES;
+                p.sampling.store(s.on, Ordering::Relaxed);
                 drop(s);
                 trainer.ended(false);
             }

@@ -71,6 +71,9 @@ fn check_summary(r: &CheckReport) -> String {
         r.hints_checked,
         r.unhinted
     );
+    if r.dictionaries > 0 {
+        out.push_str(&format!("{} compression dictionaries, sound\n", r.dictionaries));
+    }
     if r.coded_records > 0 {
         out.push_str(&format!("{} coded (compressed) records decoded and checked\n", r.coded_records));
     }
