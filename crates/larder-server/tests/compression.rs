@@ -155,7 +155,7 @@ fn files_debian_installs_store_in_a_third_and_read_back_whole() {
     let out = tempfile::tempdir().unwrap();
     let run = Command::new("python3")
         .arg(root.join("bench/compression.py"))
-        .args(["--per-group", "150", "--check", "--larder", env!("CARGO_BIN_EXE_larder"), "--out"])
+        .args(["--per-group", "400", "--check", "--larder", env!("CARGO_BIN_EXE_larder"), "--out"])
         .arg(out.path().join("corpus.md"))
         .output()
         .unwrap();
