@@ -10,6 +10,9 @@ core 1, one client on core 0 with one request in flight. Server CPU (user + syst
   accepts zstd); stored coded and sent coded to that client; stored coded and sent decoded to
   a client that does not accept zstd.
 - PUT of a 4 KiB HTML value, and of 4 KiB of random bytes (incompressible), to each server.
+- A third larder, --compression zstd --compression-dictionary auto, whose prefix `h` has a
+  dictionary trained from the values PUT while setting up: the GET of a value coded with it
+  (always sent decoded: clients hold no dictionary), and the PUT of an HTML value under `h`.
 
 The HTML values are the first 4 KiB of pages of Debian's package documentation (the corpus of
 bench/compression.py). Ratios are to the same request against the server storing raw.
@@ -21,6 +24,8 @@ usage: target/python/bin/python bench/compression-cost.py [--ops 30000] [--slice
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import shutil
 import socket
@@ -57,6 +62,15 @@ def start(binary: str, data: str, args: List[str]) -> Tuple[subprocess.Popen, in
     return p, port
 
 
+def http_get(port: int, path: str) -> bytes:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request("GET", path)
+        return c.getresponse().read()
+    finally:
+        c.close()
+
+
 def exchange(s: socket.socket, req: bytes) -> None:
     s.sendall(req)
     until(s, http_done)
@@ -79,12 +93,27 @@ def main() -> None:
     try:
         raw, rport = start(a.larder, os.path.join(tmp, "none"), [])
         coded, cport = start(a.larder, os.path.join(tmp, "zstd"), ["--compression", "zstd"])
-        procs = [raw, coded]
+        dicted, dport = start(a.larder, os.path.join(tmp, "dict"),
+                              ["--compression", "zstd", "--compression-dictionary", "auto"])
+        procs = [raw, coded, dicted]
         conns = {}
-        for name, port in (("none", rport), ("zstd", cport)):
+        for name, port in (("none", rport), ("zstd", cport), ("dict", dport)):
             s = connect(port)
             for i in range(KEYS):
                 exchange(s, b"PUT /h/%d HTTP/1.1\r\nHost: b\r\nContent-Length: %d\r\n\r\n" % (i, SIZE) + html[i])
+            if name == "dict":
+                # The dictionary trains from the first values; then every value is PUT again,
+                # coded with it.
+                deadline = time.time() + 60
+                while json.loads(http_get(port, "/_larder/stats"))["compression"]["dictionaries"]["trained"] < 1:
+                    if time.time() > deadline:
+                        sys.exit("no dictionary was trained")
+                    time.sleep(0.05)
+                for i in range(KEYS):
+                    exchange(s, b"PUT /h/%d HTTP/1.1\r\nHost: b\r\nContent-Length: %d\r\n\r\n" % (i, SIZE) + html[i])
+                d = json.loads(http_get(port, "/_larder/stats"))["compression"]["dictionaries"]["each"][0]
+                if d["values"] < KEYS:
+                    sys.exit(f"values not coded with the dictionary: {d}")
             for _ in range(2):  # promoted on the first read: the second is a memory hit
                 for i in range(KEYS):
                     exchange(s, b"GET /h/%d HTTP/1.1\r\nHost: b\r\n\r\n" % i)
@@ -103,7 +132,7 @@ def main() -> None:
             return lambda i: exchange(s, b"PUT /%s/%d HTTP/1.1\r\nHost: b\r\nContent-Length: %d\r\n\r\n"
                                       % (prefix, i, SIZE) + values[i])
 
-        extra = {k: connect(p) for k, p in (("none", rport), ("zstd", cport))}
+        extra = {k: connect(p) for k, p in (("none", rport), ("zstd", cport), ("dict", dport))}
         kinds: Dict[str, Tuple[int, Callable[[int], None]]] = {
             # The same request to both: a client that accepts zstd, as browsers and curl
             # --compressed do.
@@ -114,6 +143,8 @@ def main() -> None:
             "PUT HTML, zstd": (coded.pid, put(extra["zstd"], b"w", html)),
             "PUT random, none": (raw.pid, put(conns["none"], b"r", noise)),
             "PUT random, zstd": (coded.pid, put(conns["zstd"], b"r", noise)),
+            "GET, stored with a dictionary": (dicted.pid, get(conns["dict"], b"Accept-Encoding: gzip, zstd\r\n")),
+            "PUT HTML, zstd with a dictionary": (dicted.pid, put(extra["dict"], b"h", html)),
         }
         spent, n = take_turns(kinds, a.ops, a.slices, KEYS)
     finally:
@@ -126,7 +157,9 @@ def main() -> None:
     pairs = [("GET, stored zstd, sent coded", "GET, stored raw", 1.0),
              ("GET, stored zstd, sent decoded", "GET, stored raw", 1.3),
              ("PUT HTML, zstd", "PUT HTML, none", 1.5),
-             ("PUT random, zstd", "PUT random, none", 1.05)]
+             ("PUT random, zstd", "PUT random, none", 1.05),
+             ("GET, stored with a dictionary", "GET, stored raw", 1.3),
+             ("PUT HTML, zstd with a dictionary", "PUT HTML, none", 1.5)]
     md = [f"{time.strftime('%Y-%m-%d %H:%M')}; {n} requests of each kind, one in flight, in {a.slices} slices taking turns; "
           f"servers on core 1, client on core 0; values of {SIZE} bytes ({len(pages)} pages of Debian's package documentation, "
           f"cut to 4 KiB, over {KEYS} keys; random bytes from os.urandom).", "",

@@ -88,7 +88,7 @@ fn a_retrained_prefix_retires_its_old_dictionary_which_goes_once_no_volume_needs
     let settled = put_texts(&s, &JSON, 1000, 80);
     // The prefix's values change kind: they compress worse with the dictionary, so it is
     // trained again from the new values.
-    let mut changed = put_texts(&s, &MARKUP, 2000, 300);
+    let mut changed = put_texts(&s, &MARKUP, 2000, 600);
     until("a retraining", || s.stats().dictionaries.retrains == 1);
     let mut n = 3000;
     while s.stats().dictionaries.trained < 2 {

@@ -18,11 +18,15 @@ const MAX_PREFIXES: usize = 256;
 /// Largest dictionary trained (zstd's guidance: about a hundredth of the sample, and a sample
 /// far larger than the dictionary; small samples get smaller dictionaries).
 const MAX_DICT: usize = 64 << 10;
-/// Values coded with a new dictionary before its ratio is taken as the one to keep up.
-const SETTLE: u64 = 64;
-/// Values per window whose ratio is compared with that one.
+/// Values per window whose ratio is compared with the one the dictionary reached on the
+/// sampled values it was not trained on.
 const WINDOW: u64 = 256;
-/// A window this much worse (coded bytes per byte) than the settled ratio retrains.
+/// Every this many sampled values, one is held out of training to measure the dictionary on.
+const HOLD_OUT: usize = 8;
+/// Fewest sampled values a dictionary is trained from (the sample grows past its size for
+/// them, up to four times).
+const MIN_SAMPLES: usize = 16;
+/// A window this much worse (coded bytes per byte) than that ratio retrains.
 const WORSE: f64 = 1.25;
 /// Trainings of one prefix that fail in a row before it is left without a dictionary.
 const MAX_FAILURES: u32 = 3;
@@ -43,8 +47,9 @@ pub(super) struct Prefix {
     sample: Mutex<Sample>,
     /// Whether `sample` takes values (`Sample::on`, read without its lock on every put).
     sampling: AtomicBool,
-    /// Since the active dictionary took over: values, bytes as sent, bytes coded; the
-    /// settled ratio (coded per sent, in millionths) and the current window's start.
+    /// Since the active dictionary took over: values, bytes as sent, bytes coded; the ratio
+    /// it reached on held-out values (coded per sent, in millionths) and the current window's
+    /// start.
     values: AtomicU64,
     logical: AtomicU64,
     coded: AtomicU64,
@@ -138,7 +143,8 @@ impl Trainer {
     }
 
     /// Notes that a value of `len` bytes of `p` was coded with its dictionary `d` into `coded`
-    /// bytes; starts sampling anew when the window's ratio is markedly worse than the settled.
+    /// bytes; starts sampling anew when a window's ratio is markedly worse than the one the
+    /// dictionary reached on held-out values.
     pub fn coded(&self, p: &Prefix, d: &Dict, len: u64, coded: u64) {
         d.values.fetch_add(1, Ordering::Relaxed);
         d.logical_bytes.fetch_add(len, Ordering::Relaxed);
@@ -146,15 +152,15 @@ impl Trainer {
         let n = p.values.fetch_add(1, Ordering::Relaxed) + 1;
         let logical = p.logical.fetch_add(len, Ordering::Relaxed) + len;
         let total = p.coded.fetch_add(coded, Ordering::Relaxed) + coded;
-        if n == SETTLE {
-            p.settled.store(total * 1_000_000 / logical.max(1), Ordering::Relaxed);
-            *p.window.lock() = (logical, total);
-        } else if n > SETTLE && (n - SETTLE).is_multiple_of(WINDOW) {
-            let settled = p.settled.load(Ordering::Relaxed) as f64;
+        if n.is_multiple_of(WINDOW) {
             let mut w = p.window.lock();
             let ratio = (total - w.1) as f64 * 1e6 / (logical - w.0).max(1) as f64;
             *w = (logical, total);
-            if ratio > settled * WORSE {
+            let settled = p.settled.load(Ordering::Relaxed) as f64;
+            if settled == 0.0 {
+                // A dictionary found at open: its first window is the ratio to keep up.
+                p.settled.store((ratio as u64).max(1), Ordering::Relaxed);
+            } else if ratio > settled * WORSE {
                 let mut s = p.sample.lock();
                 if !s.on && s.failures < MAX_FAILURES {
                     tracing::info!(prefix = %String::from_utf8_lossy(&p.key_prefix), settled = settled / 1e6, now = ratio / 1e6, "values compress worse with their dictionary: training another");
@@ -176,12 +182,17 @@ impl Trainer {
         if !s.on {
             return;
         }
-        if (s.bytes.len() as u64) < self.cfg.sample_bytes {
+        let most = self.cfg.sample_bytes.saturating_mul(4);
+        if (s.bytes.len() as u64) < self.cfg.sample_bytes
+            || (s.sizes.len() < MIN_SAMPLES && (s.bytes.len() as u64) < most)
+        {
             let len: usize = value.iter().map(|v| v.len()).sum();
             value.iter().for_each(|v| s.bytes.extend_from_slice(v));
             s.sizes.push(len);
         }
-        if (s.bytes.len() as u64) < self.cfg.sample_bytes || self.busy.swap(true, Ordering::AcqRel) {
+        let enough = (s.bytes.len() as u64) >= self.cfg.sample_bytes
+            && (s.sizes.len() >= MIN_SAMPLES || (s.bytes.len() as u64) >= most);
+        if !enough || self.busy.swap(true, Ordering::AcqRel) {
             return;
         }
         let taken = std::mem::take(&mut *s);
@@ -239,24 +250,47 @@ impl TrainJob {
         let most = (sample.bytes.len() / 10).clamp(1 << 10, MAX_DICT);
         let t0 = std::time::Instant::now();
         let id = disk.dicts.next_id();
-        let trained = codec::train(&sample.bytes, &sample.sizes, most)
+        // Every HOLD_OUT-th value is left out of training, to measure the dictionary on values
+        // it has not seen: the ratio later values are held to.
+        let (mut train, mut sizes, mut held) = (Vec::new(), Vec::new(), Vec::new());
+        let mut at = 0;
+        for (i, &n) in sample.sizes.iter().enumerate() {
+            let v = &sample.bytes[at..at + n];
+            at += n;
+            if i % HOLD_OUT == HOLD_OUT - 1 {
+                held.push(v);
+            } else {
+                train.extend_from_slice(v);
+                sizes.push(n);
+            }
+        }
+        let trained = codec::train(&train, &sizes, most)
             .ok_or_else(|| "zstd could not train a dictionary from the sample".to_string())
             .and_then(|bytes| disk.dicts.add(&disk.ring.dirs, id, &p.key_prefix, &bytes).map_err(|e| e.to_string()));
         let prefix = String::from_utf8_lossy(&p.key_prefix).into_owned();
         match trained {
             Ok(d) => {
+                let (mut sent, mut coded) = (0u64, 0u64);
+                for v in &held {
+                    sent += v.len() as u64;
+                    coded += codec::encode_with(&d.prepared, v).map_or(v.len(), |c| c.len()) as u64;
+                }
+                let ratio = if sent == 0 { 0 } else { (coded * 1_000_000 / sent).max(1) };
                 tracing::info!(
                     prefix,
                     id,
                     bytes = d.len,
                     values = sample.sizes.len(),
+                    held_out_ratio = ratio as f64 / 1e6,
                     ms = t0.elapsed().as_millis() as u64,
                     "trained a dictionary"
                 );
-                let old = p.active.write().replace(d);
-                for n in [&p.values, &p.logical, &p.coded, &p.settled] {
+                for n in [&p.values, &p.logical, &p.coded] {
                     n.store(0, Ordering::Relaxed);
                 }
+                *p.window.lock() = (0, 0);
+                p.settled.store(ratio, Ordering::Relaxed);
+                let old = p.active.write().replace(d);
                 if let Some(old) = old {
                     old.retire();
                 }
