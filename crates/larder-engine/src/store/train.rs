@@ -275,7 +275,7 @@ impl TrainJob {
                     sent += v.len() as u64;
                     coded += codec::encode_with(&d.prepared, v).map_or(v.len(), |c| c.len()) as u64;
                 }
-                let ratio = if sent == 0 { 0 } else { (coded * 1_000_000 / sent).max(1) };
+                let ratio = (coded * 1_000_000).checked_div(sent).map_or(0, |r| r.max(1));
                 tracing::info!(
                     prefix,
                     id,
