@@ -188,7 +188,7 @@ pub fn check_dirs(dirs: &[PathBuf], progress: &CheckProgress) -> Result<CheckRep
 
     // The dictionaries coded records may name (any directory's sound copy serves).
     let paths: Vec<&Path> = dirs.iter().map(|d| d.as_path()).collect();
-    let (dicts, damaged) = Dicts::load_paths(&paths, 0, zstd::DEFAULT_COMPRESSION_LEVEL);
+    let (dicts, damaged) = Dicts::load_paths(&paths, zstd::DEFAULT_COMPRESSION_LEVEL);
     for path in damaged {
         let id = path.file_name().and_then(|n| crate::format::dict::id_of_name(&n.to_string_lossy()));
         match id.and_then(|id| dicts.get(id)) {

@@ -56,7 +56,9 @@ pub use error::{Error, ErrorKind, Result};
 pub use format::meta::{MAX_ATTRS, MAX_CONTENT_TYPE};
 pub use format::record::MAX_KEY_LEN;
 pub use io::{faults, FileIo};
-pub use stats::{DictionaryInfo, DictionaryStats, DirState, DirStats, RecoveryProgress, RecoveryReport, Stats};
+pub use stats::{
+    DictionaryInfo, DictionaryStats, DirState, DirStats, HeldStats, RecoveryProgress, RecoveryReport, Stats, Tally,
+};
 pub use store::{KeyCursor, KeyInfo, Store, ValueReader, ValueWriter};
 pub use types::{
     unmet, ByteRange, Codec, CodedBytes, DeleteOptions, Expiry, Part, Position, Precondition, PutOptions, ReadOptions,

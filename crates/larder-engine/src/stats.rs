@@ -114,6 +114,38 @@ pub struct Stats {
     pub dirs: Vec<DirStats>,
     /// The zstd dictionaries (`Compression::dictionary`).
     pub dictionaries: DictionaryStats,
+    /// What the ring's volumes hold, by how values are stored.
+    pub held: HeldStats,
+}
+
+/// The values in the ring's volumes written since open (a replaced or deleted value too,
+/// until the ring reuses its volume), by how they are stored.
+#[derive(Debug, Clone, Default)]
+pub struct HeldStats {
+    /// Stored as sent.
+    pub raw: Tally,
+    /// Coded with zstd alone.
+    pub zstd: Tally,
+    /// Coded with zstd and a dictionary.
+    pub zstd_dictionary: Tally,
+    /// Coded with LZ4.
+    pub lz4: Tally,
+    /// Volumes written before open that hold records: not accounted (hint files say nothing
+    /// of codings) until the ring reuses them.
+    pub volumes_unaccounted: u64,
+    /// The bytes of their records.
+    pub bytes_unaccounted: u64,
+}
+
+/// Values (a large value's chunks each count as one), their bytes as sent and as stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// How many.
+    pub values: u64,
+    /// Their bytes as sent.
+    pub logical_bytes: u64,
+    /// The bytes they take in their records.
+    pub stored_bytes: u64,
 }
 
 /// The store's dictionaries and their training.

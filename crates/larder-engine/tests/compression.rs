@@ -361,3 +361,21 @@ fn a_call_that_may_not_wait_leaves_coding_a_long_value_to_one_that_may() {
     s.put(b"short", &page(4096, 1), &quick).unwrap();
     assert_eq!(s.stats().coded_puts, 2);
 }
+
+/// `Stats::held`: what the ring holds, by how each value is stored (a large value's chunks
+/// each once, its head and tombstones not at all).
+#[test]
+fn the_ring_tallies_what_it_holds_by_how_it_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(config(dir.path(), Some(Codec::Lz4), 0)).unwrap();
+    let large = page(600 << 10, 5);
+    for (k, v) in [(&b"p"[..], page(4096, 1)), (b"n", noise(4096, 2)), (b"large", large.clone())] {
+        s.put(k, &v, &Default::default()).unwrap();
+    }
+    s.delete(b"n", &Default::default()).unwrap();
+    let held = s.stats().held;
+    assert_eq!(held.raw, larder_engine::Tally { values: 1, logical_bytes: 4096, stored_bytes: 4096 });
+    assert_eq!((held.lz4.values, held.lz4.logical_bytes), (4, 4096 + large.len() as u64), "{held:?}");
+    assert!(held.lz4.stored_bytes * 2 < held.lz4.logical_bytes);
+    assert_eq!((held.zstd.values, held.zstd_dictionary.values, held.volumes_unaccounted), (0, 0, 0));
+}

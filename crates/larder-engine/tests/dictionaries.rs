@@ -132,6 +132,13 @@ fn a_prefix_trains_a_dictionary_that_codes_its_small_values_smaller() {
     // Another prefix has no dictionary yet: its values are coded alone.
     let other = put_docs(&s, "other", 0, 5);
     assert_eq!(s.stats().dictionaries.each[0].values, 200);
+    // What the ring holds, by how it is stored: each value once, as sent and as stored.
+    let held = s.stats().held;
+    assert_eq!(held.zstd_dictionary.values, 200);
+    assert_eq!(held.zstd_dictionary.logical_bytes, later.iter().map(|(_, v)| v.len() as u64).sum::<u64>());
+    assert_eq!(held.zstd_dictionary.stored_bytes, with_dict);
+    assert_eq!((held.zstd.values, held.raw.values, held.lz4.values, held.volumes_unaccounted), (155, 0, 0, 0));
+    assert!(held.zstd.stored_bytes * 3 < held.zstd.logical_bytes, "{held:?}");
     all.extend(later);
     all.extend(other);
     for (k, v) in &all {
@@ -147,6 +154,10 @@ fn a_prefix_trains_a_dictionary_that_codes_its_small_values_smaller() {
     for (k, v) in &all {
         assert_eq!(read(&s, k).as_ref(), Some(v));
     }
+    // A volume written before the restart is not accounted (its hint says nothing of codings).
+    let held = s.stats().held;
+    assert_eq!((held.volumes_unaccounted, held.zstd.values), (1, 0), "{held:?}");
+    assert!(held.bytes_unaccounted > 0);
     // The dictionary codes its prefix again after the restart (none is trained anew).
     let more = put_docs(&s, "api", 5000, 10);
     let st = s.stats();

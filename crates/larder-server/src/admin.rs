@@ -206,6 +206,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
                         "max_value": d.max_value,
                     })),
                     "dictionaries": dictionaries(&s.dictionaries),
+                    "held": held(&s.held),
                 }),
                 "cluster": app.settings.cluster.as_ref().map(|c| serde_json::json!({
                     "self": c.ring.nodes()[c.me].name,
@@ -290,6 +291,19 @@ pub fn recovery_status(p: &RecoveryProgress, elapsed: Duration) -> String {
         line.push_str(&format!(", about {left:.0} s left"));
     }
     line
+}
+
+/// What the ring holds, by how values are stored, as JSON.
+fn held(h: &larder_engine::HeldStats) -> serde_json::Value {
+    let t = |t: &larder_engine::Tally| serde_json::json!({"values": t.values, "logical_bytes": t.logical_bytes, "stored_bytes": t.stored_bytes});
+    serde_json::json!({
+        "raw": t(&h.raw),
+        "zstd": t(&h.zstd),
+        "zstd_dictionary": t(&h.zstd_dictionary),
+        "lz4": t(&h.lz4),
+        "volumes_unaccounted": h.volumes_unaccounted,
+        "bytes_unaccounted": h.bytes_unaccounted,
+    })
 }
 
 /// The dictionaries' part of the stats, as JSON.

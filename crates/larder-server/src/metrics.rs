@@ -162,6 +162,13 @@ fn engine(s: &Stats) {
     counter!("larder_coded_logical_bytes_total").absolute(s.coded_logical_bytes);
     counter!("larder_coded_stored_bytes_total").absolute(s.coded_stored_bytes);
     counter!("larder_decode_failures_total").absolute(s.decode_failures);
+    let h = &s.held;
+    for (coding, t) in [("raw", &h.raw), ("zstd", &h.zstd), ("zstd_dictionary", &h.zstd_dictionary), ("lz4", &h.lz4)] {
+        gauge!("larder_held_values", "coding" => coding).set(t.values as f64);
+        gauge!("larder_held_logical_bytes", "coding" => coding).set(t.logical_bytes as f64);
+        gauge!("larder_held_stored_bytes", "coding" => coding).set(t.stored_bytes as f64);
+    }
+    gauge!("larder_held_unaccounted_bytes").set(h.bytes_unaccounted as f64);
     let d = &s.dictionaries;
     gauge!("larder_dictionaries", "state" => "active").set(d.each.iter().filter(|x| !x.retired).count() as f64);
     gauge!("larder_dictionaries", "state" => "retired").set(d.each.iter().filter(|x| x.retired).count() as f64);
@@ -222,6 +229,14 @@ fn describe() {
     );
     c!("larder_coded_logical_bytes_total", Unit::Bytes, "Bytes of the values stored coded, as sent.");
     c!("larder_coded_stored_bytes_total", Unit::Bytes, "Bytes those values were stored in.");
+    g!("larder_held_values", "Values in the ring's volumes written since start (replaced ones too, until the ring reuses their volume), by how they are stored (coding: raw, zstd, zstd_dictionary, lz4).");
+    g!("larder_held_logical_bytes", Unit::Bytes, "Their bytes as sent.");
+    g!("larder_held_stored_bytes", Unit::Bytes, "The bytes they take in their records.");
+    g!(
+        "larder_held_unaccounted_bytes",
+        Unit::Bytes,
+        "Bytes of records in volumes written before this start (not accounted by coding until the ring reuses them)."
+    );
     g!("larder_dictionaries", "--compression-dictionary auto: dictionaries on disk, coding their prefix (active) or kept for records that need them (retired).");
     c!("larder_dictionaries_trained_total", "Dictionaries trained since start.");
     c!("larder_dictionaries_removed_total", "Retired dictionaries removed once no volume needed them.");

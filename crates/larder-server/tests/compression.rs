@@ -84,6 +84,18 @@ fn every_door_reads_back_what_was_stored_under_any_setting_and_after_a_crash() {
     assert_eq!(z["raw_probed"], 2, "the JPEG and the noise: {z}");
     let (logical, stored) = (z["coded_logical_bytes"].as_u64().unwrap(), z["coded_stored_bytes"].as_u64().unwrap());
     assert!(stored * 3 < logical, "{stored} of {logical}");
+    // What the ring holds, by coding: the coded values (the large one's chunks each once) and
+    // the three stored as sent, as in the metrics.
+    let held = &z["held"];
+    assert_eq!((held["zstd"]["values"].as_u64(), held["raw"]["values"].as_u64()), (Some(4 + 4), Some(3)), "{held}");
+    let raw_bytes: usize = vals
+        .iter()
+        .filter(|(k, _)| ["/img/photo.jpg", "/bin/noise", "/short"].contains(&k.as_str()))
+        .map(|(_, v)| v.len())
+        .sum();
+    assert_eq!(held["raw"]["logical_bytes"].as_u64(), Some(raw_bytes as u64));
+    let metrics = String::from_utf8_lossy(&c.get("/_larder/metrics").body).into_owned();
+    assert!(metrics.contains(&format!("larder_held_logical_bytes{{coding=\"raw\"}} {raw_bytes}")), "{metrics}");
 
     // Validators and ranges are the value's: a 304 for its ETag, a range of its bytes.
     let r = c.get("/page/4096");

@@ -2,10 +2,9 @@
 //! one (atomically, before any record names them) when trained, and removed once no record on
 //! disk can need them (docs/FORMAT.md, "Dictionaries").
 //!
-//! Which volumes need which dictionary is known for the volumes written since open: each
-//! coded record's append notes its dictionary against its volume's generation. A volume
-//! written before open may need any dictionary, so none is removed until the ring has turned
-//! over every such volume.
+//! Which volumes need which dictionary is known for the volumes written since open (each
+//! append notes it: `disk::held`). A volume written before open may need any dictionary, so
+//! none is removed until the ring has turned over every such volume.
 
 use super::dirs::DataDir;
 use crate::format::codec::{self, Codec, Prepared};
@@ -60,8 +59,6 @@ pub(crate) struct Dicts {
     live: RwLock<HashMap<u32, Arc<Dict>>>,
     ghosts: Mutex<VecDeque<Arc<Dict>>>,
     next_id: AtomicU32,
-    /// By slot: the generation written since open, and the dictionaries its records name.
-    used: Mutex<Vec<(u32, BTreeSet<u32>)>>,
     /// Dictionary files found damaged at open (each copy), and dictionaries removed since.
     pub damaged_files: AtomicU64,
     pub removed: AtomicU64,
@@ -70,9 +67,9 @@ pub(crate) struct Dicts {
 impl Dicts {
     /// The dictionaries found in `dirs` (a copy that fails its checks is skipped, counted and
     /// logged; a sound copy in another directory stands in for it), prepared at `level`.
-    pub fn load(dirs: &[DataDir], slots: usize, level: i32) -> Dicts {
+    pub fn load(dirs: &[DataDir], level: i32) -> Dicts {
         let paths: Vec<&Path> = dirs.iter().filter(|d| d.present).map(|d| d.path.as_path()).collect();
-        let (d, damaged) = Dicts::load_paths(&paths, slots, level);
+        let (d, damaged) = Dicts::load_paths(&paths, level);
         for path in damaged {
             tracing::error!(file = %path.display(), "a dictionary file is damaged: values coded with it are unreadable unless another directory holds a sound copy");
         }
@@ -80,13 +77,12 @@ impl Dicts {
     }
 
     /// As [`Dicts::load`], from directories by path; also returns each damaged copy's path.
-    pub fn load_paths(dirs: &[&Path], slots: usize, level: i32) -> (Dicts, Vec<PathBuf>) {
+    pub fn load_paths(dirs: &[&Path], level: i32) -> (Dicts, Vec<PathBuf>) {
         let d = Dicts {
             level,
             live: Default::default(),
             ghosts: Default::default(),
             next_id: AtomicU32::new(1),
-            used: Mutex::new(vec![(0, BTreeSet::new()); slots]),
             damaged_files: AtomicU64::new(0),
             removed: AtomicU64::new(0),
         };
@@ -187,24 +183,9 @@ impl Dicts {
         Ok(one)
     }
 
-    /// A volume (of `slot`, at `generation`) was started: it holds no record yet.
-    pub fn started(&self, slot: usize, generation: u32) {
-        if let Some(u) = self.used.lock().get_mut(slot) {
-            *u = (generation, BTreeSet::new());
-        }
-    }
-
-    /// A record naming dictionary `id` was appended to the volume of `slot` at `generation`.
-    pub fn note(&self, slot: usize, generation: u32, id: u32) {
-        if let Some(u) = self.used.lock().get_mut(slot).filter(|u| u.0 == generation) {
-            u.1.insert(id);
-        }
-    }
-
-    /// Removes from every directory the retired dictionaries no volume needs, given each
-    /// slot's generation and whether it holds records; keeps their decoders for what memory
-    /// holds. Returns how many were removed.
-    pub fn collect(&self, dirs: &[DataDir], slots: &[(u32, bool)]) -> usize {
+    /// Removes from every directory the retired dictionaries not `needed`; keeps their
+    /// decoders for what memory holds. Returns how many were removed.
+    pub fn collect(&self, dirs: &[DataDir], needed: &BTreeSet<u32>) -> usize {
         let long_ago = crate::clock::now_ms().saturating_sub(RETIRED_FOR_MS);
         let retired: Vec<u32> = self
             .live
@@ -215,19 +196,6 @@ impl Dicts {
             .collect();
         if retired.is_empty() {
             return 0;
-        }
-        let mut needed = BTreeSet::new();
-        {
-            let used = self.used.lock();
-            for (&(generation, holds), (g, ids)) in slots.iter().zip(used.iter()) {
-                if !holds {
-                    continue;
-                }
-                if *g != generation {
-                    return 0; // written before open: it may need any of them
-                }
-                needed.extend(ids.iter().copied());
-            }
         }
         let mut removed = 0;
         for id in retired.into_iter().filter(|id| !needed.contains(id)) {
@@ -254,16 +222,20 @@ impl Dicts {
 impl super::Disk {
     /// Removes the retired dictionaries no volume needs any more (after the ring turns).
     pub fn collect_dictionaries(&self) -> usize {
-        let slots: Vec<(u32, bool)> = self
-            .ring
+        match self.held.dictionaries_needed(&self.slot_fill()) {
+            Some(needed) => self.dicts.collect(&self.ring.dirs, &needed),
+            None => 0, // a volume from before open holds records: it may need any
+        }
+    }
+
+    /// Each slot's generation and the bytes its records take (0: none).
+    pub fn slot_fill(&self) -> Vec<(u32, u64)> {
+        let header = crate::format::volume::VOLUME_HEADER_LEN;
+        self.ring
             .slots
             .iter()
-            .map(|s| {
-                let holds = s.len.load(Ordering::Acquire) > crate::format::volume::VOLUME_HEADER_LEN;
-                (s.generation.load(Ordering::Acquire), holds)
-            })
-            .collect();
-        self.dicts.collect(&self.ring.dirs, &slots)
+            .map(|s| (s.generation.load(Ordering::Acquire), s.len.load(Ordering::Acquire).saturating_sub(header)))
+            .collect()
     }
 }
 

@@ -127,7 +127,7 @@ impl Disk {
         // salt changes after it, so a reader that saw the old generation fails its checksum.
         s.generation.store(generation, Ordering::Release);
         s.salt.store(salt, Ordering::Release);
-        self.dicts.started(slot, generation);
+        self.held.started(slot, generation);
         // Free the old volume's space first, so that placement sees it free. In a failed
         // directory this may not work: recovery then finds two files of the slot and keeps
         // the one with the higher sequence.
@@ -349,12 +349,8 @@ impl Disk {
         w.offset += padded;
         self.ring.slots[slot].len.store(w.offset, Ordering::Release);
         w.appended += 1;
-        if header.is_coded() {
-            // The dictionary this record needs lives as long as its volume does.
-            if let Some(c) = crate::format::meta::Meta::parse(meta).coded.filter(|c| c.dictionary != 0) {
-                self.dicts.note(slot, generation, c.dictionary);
-            }
-        }
+        // What the volume holds, and the dictionary this record needs as long as it lives.
+        self.held.note(slot, generation, &header, meta, value_len as u64);
         Ok(Some((pos, loc)))
     }
 }

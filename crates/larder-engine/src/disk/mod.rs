@@ -8,6 +8,7 @@ pub(crate) mod dicts;
 pub(crate) mod dirs;
 mod durable;
 mod flush;
+mod held;
 mod log;
 mod read;
 mod ring;
@@ -169,6 +170,8 @@ pub(crate) struct Disk {
     replaced_checks: std::sync::atomic::AtomicUsize,
     /// The zstd dictionaries coded records name.
     pub dicts: dicts::Dicts,
+    /// What the volumes written since open hold.
+    pub held: held::Held,
 }
 
 /// A bound on the checks of replaced records left to the maintenance thread: overwrites of
@@ -187,6 +190,7 @@ impl Disk {
         flushes: Flushes,
         dicts: dicts::Dicts,
     ) -> Disk {
+        let ring_slots = ring.slots.len();
         let writer = Writer {
             active: start.slot,
             offset: start.offset,
@@ -217,6 +221,7 @@ impl Disk {
             pins: Pins::default(),
             flushes,
             replaced_checks: Default::default(),
+            held: held::Held::new(ring_slots),
             dicts,
         }
     }

@@ -251,6 +251,7 @@ impl Store {
                 })
                 .collect(),
             dictionaries: self.dictionary_stats(),
+            held: sh.held.stats(&sh.slot_fill()),
         }
     }
 

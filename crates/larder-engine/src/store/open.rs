@@ -111,7 +111,7 @@ impl Store {
             Some(crate::types::Codec::Zstd) => ring.cfg.compression.level,
             _ => zstd::DEFAULT_COMPRESSION_LEVEL,
         };
-        let dicts = crate::disk::dicts::Dicts::load(&ring.dirs, ring.slots.len(), level);
+        let dicts = crate::disk::dicts::Dicts::load(&ring.dirs, level);
         let mut disk = Disk::new(ring, rec.index, start, rec.report, forget, flushes, dicts);
         for (slot, generation, offset) in rec.heads {
             disk.heads.insert(slot, generation, offset);
