@@ -229,6 +229,21 @@ fn corpus() -> Vec<Script> {
     let head_len = put("/d/edge", b"", "").len();
     scripts.push(script("8 KiB request", &put("/d/edge", &vec![b'e'; 8192 - head_len], "")));
     scripts.push(script("8 KiB + 1 request", &put("/d/edge", &vec![b'e'; 8193 - head_len], "")));
+    // Content codings: a value that compresses, asked for by a client that accepts zstd (and
+    // one that does not), a range and a HEAD of it; a body sent coded with zstd, and one sent
+    // with a coding larder does not take.
+    let text: Vec<u8> = (0..60).flat_map(|i| format!("<li class=\"entry\">package {i}</li>\n").into_bytes()).collect();
+    let frame = zstd::bulk::compress(&text, 3).unwrap();
+    scripts.push(script("compressible put", &put("/d/z", &text, "")));
+    scripts.push(script("get accepting zstd", &get("/d/z", "Accept-Encoding: gzip, zstd\r\n")));
+    scripts.push(script("get accepting gzip only", &get("/d/z", "Accept-Encoding: gzip\r\n")));
+    scripts.push(script("get refusing zstd", &get("/d/z", "Accept-Encoding: zstd;q=0, gzip\r\n")));
+    scripts.push(script("head accepting zstd", b"HEAD /d/z HTTP/1.1\r\nHost: l\r\nAccept-Encoding: zstd\r\n\r\n"));
+    scripts.push(script("range accepting zstd", &get("/d/z", "Accept-Encoding: zstd\r\nRange: bytes=5-9\r\n")));
+    scripts.push(script("put coded with zstd", &put("/d/zc", &frame, "Content-Encoding: zstd\r\n")));
+    scripts.push(script("get of a value put coded", &get("/d/zc", "")));
+    scripts.push(script("put coded with gzip", &put("/d/zg", b"\x1f\x8b", "Content-Encoding: gzip\r\n")));
+    scripts.push(script("put coded with garbage", &put("/d/zg", b"not zstd", "Content-Encoding: zstd\r\n")));
     // Larger bodies, within a chunk.
     scripts.push(script("64 KiB put", &put("/d/k64", &vec![b'k'; 64 * 1024], "")));
     scripts.push(script("64 KiB + 1 put", &put("/d/k65", &vec![b'k'; 64 * 1024 + 1], "")));
@@ -253,6 +268,11 @@ fn compare(args: &[&str]) {
 #[test]
 fn the_native_loop_answers_as_hyper_does() {
     compare(&["--promote-after", "1"]);
+}
+
+#[test]
+fn with_compression_coded_answers_are_alike() {
+    compare(&["--compression", "zstd", "--promote-after", "1"]);
 }
 
 #[test]

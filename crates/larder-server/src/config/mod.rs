@@ -558,6 +558,9 @@ impl ServeArgs {
                 (None, None) => Ok(default),
             }
         };
+        let opt_size = |flag: Option<u64>, key: &Option<SizeValue>| -> Result<Option<u64>, String> {
+            flag.map(Ok).or(key.as_ref().map(SizeValue::bytes)).transpose()
+        };
         let dur =
             |flag: Option<Duration>, key: &Option<DurationValue>, default: Duration| -> Result<Duration, String> {
                 match (flag, key) {
@@ -643,18 +646,10 @@ impl ServeArgs {
             compression: compression::resolve(&compression::Flags {
                 codec: self.compression.as_deref().or(file.compression.as_deref()),
                 level: self.compression_level.or(file.compression_level),
-                min_size: self
-                    .compression_min_size
-                    .map(Ok)
-                    .or(file.compression_min_size.as_ref().map(|v| v.bytes()))
-                    .transpose()?,
+                min_size: opt_size(self.compression_min_size, &file.compression_min_size)?,
                 dictionary: self.compression_dictionary.as_deref().or(file.compression_dictionary.as_deref()),
                 depth: self.compression_dictionary_depth.or(file.compression_dictionary_depth),
-                sample: self
-                    .compression_dictionary_sample
-                    .map(Ok)
-                    .or(file.compression_dictionary_sample.as_ref().map(|v| v.bytes()))
-                    .transpose()?,
+                sample: opt_size(self.compression_dictionary_sample, &file.compression_dictionary_sample)?,
             })?,
             dav_list_limit: self.dav_list_limit.or(file.dav_list_limit).unwrap_or(10_000),
             shutdown_timeout: dur(self.shutdown_timeout, &file.shutdown_timeout, Duration::from_secs(30))?,
