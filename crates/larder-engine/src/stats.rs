@@ -41,6 +41,11 @@ pub struct Stats {
     pub memory_capacity: u64,
     /// Bytes the memory tier holds (values, keys and per-entry overhead).
     pub memory_bytes: u64,
+    /// The values the memory tier holds: their bytes as sent, and as held (a coded value is
+    /// held coded), without keys and overheads.
+    pub memory_logical_bytes: u64,
+    /// (See `memory_logical_bytes`.)
+    pub memory_value_bytes: u64,
     /// Entries in the memory tier.
     pub memory_entries: u64,
     /// Keys whose disk reads admission is counting.

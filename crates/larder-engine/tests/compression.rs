@@ -379,3 +379,39 @@ fn the_ring_tallies_what_it_holds_by_how_it_is_stored() {
     assert!(held.lz4.stored_bytes * 2 < held.lz4.logical_bytes);
     assert_eq!((held.zstd.values, held.zstd_dictionary.values, held.volumes_unaccounted), (0, 0, 0));
 }
+
+/// `Stats::memory_logical_bytes` and `memory_value_bytes`: what the memory tier holds, as sent
+/// and as held, through puts, overwrites, deletes and evictions, with either cache.
+#[test]
+fn the_memory_tier_tallies_what_it_holds() {
+    for eviction in [larder_engine::Eviction::Clock, larder_engine::Eviction::Sieve] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(dir.path(), Some(Codec::Zstd), 64 << 20);
+        cfg.memory.eviction = eviction;
+        let s = Store::open(cfg).unwrap();
+        for i in 0..10 {
+            s.put(format!("p{i}").as_bytes(), &page(4096, i), &Default::default()).unwrap();
+        }
+        s.put(b"p3", &page(4096, 33), &Default::default()).unwrap();
+        s.put(b"n", &noise(1000, 1), &Default::default()).unwrap();
+        s.delete(b"p4", &Default::default()).unwrap();
+        let st = s.stats();
+        assert_eq!((st.memory_entries, st.memory_logical_bytes), (10, 9 * 4096 + 1000), "{eviction:?}");
+        assert!(st.memory_value_bytes < 9 * 4096 / 2 + 1000 && st.memory_value_bytes > 1000, "{eviction:?}");
+        assert!(st.memory_value_bytes < st.memory_bytes);
+        drop(s);
+
+        // A tier far smaller than what is put: evictions take their values off.
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(dir.path(), Some(Codec::Zstd), 64 << 10);
+        cfg.memory.eviction = eviction;
+        let s = Store::open(cfg).unwrap();
+        for i in 0..500 {
+            s.put(format!("p{i}").as_bytes(), &page(4096, i), &Default::default()).unwrap();
+        }
+        let st = s.stats();
+        assert!(st.memory_entries < 500 && st.memory_entries > 0, "{eviction:?}");
+        assert_eq!(st.memory_logical_bytes, st.memory_entries * 4096, "{eviction:?}: {st:?}");
+        assert!(st.memory_value_bytes <= st.memory_bytes);
+    }
+}

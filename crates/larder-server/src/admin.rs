@@ -165,6 +165,8 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
                 "promotions": s.promotions,
                 "memory_capacity": s.memory_capacity,
                 "memory_bytes": s.memory_bytes,
+                "memory_logical_bytes": s.memory_logical_bytes,
+                "memory_value_bytes": s.memory_value_bytes,
                 "memory_entries": s.memory_entries,
                 "admission_tracked": s.admission_tracked,
                 "reinsert_candidates": s.reinsert_candidates,

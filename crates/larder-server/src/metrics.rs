@@ -145,6 +145,8 @@ fn engine(s: &Stats) {
     counter!("larder_coalesced_reads_total").absolute(s.coalesced_reads);
     counter!("larder_promotions_total").absolute(s.promotions);
     gauge!("larder_memory_bytes").set(s.memory_bytes as f64);
+    gauge!("larder_memory_logical_bytes").set(s.memory_logical_bytes as f64);
+    gauge!("larder_memory_value_bytes").set(s.memory_value_bytes as f64);
     gauge!("larder_memory_entries").set(s.memory_entries as f64);
     gauge!("larder_memory_capacity_bytes").set(s.memory_capacity as f64);
     counter!("larder_hint_files_written_total").absolute(s.hints_written);
@@ -282,6 +284,8 @@ fn describe() {
     c!("larder_coalesced_reads_total", "GETs that shared another GET's disk read.");
     c!("larder_promotions_total", "Values copied into the memory tier after disk reads.");
     g!("larder_memory_bytes", Unit::Bytes, "Bytes the memory tier holds.");
+    g!("larder_memory_logical_bytes", Unit::Bytes, "The bytes of the values the memory tier holds, as sent.");
+    g!("larder_memory_value_bytes", Unit::Bytes, "The bytes those values take there (coded ones held coded).");
     g!("larder_memory_entries", "Entries in the memory tier.");
     g!("larder_memory_capacity_bytes", Unit::Bytes, "Capacity of the memory tier.");
     c!("larder_hint_files_written_total", "Hint files written: of sealed volumes, and checkpoints at stop.");

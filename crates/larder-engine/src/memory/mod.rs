@@ -26,7 +26,8 @@ use crate::types::Position;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What memory keeps of a value.
@@ -87,8 +88,54 @@ impl quick_cache::Weighter<MemKey, Cached> for ClockWeight {
 }
 
 enum Backend {
-    Clock(quick_cache::sync::Cache<MemKey, Cached, ClockWeight>),
+    Clock(quick_cache::sync::Cache<MemKey, Cached, ClockWeight, quick_cache::DefaultHashBuilder, Leaving>),
     Foyer(foyer_memory::Cache<MemKey, Cached>),
+}
+
+/// The values memory holds: how many, their bytes as sent and as held (a coded value is held
+/// coded). Added to on every insert (under the key's stripe lock), taken from as values leave.
+#[derive(Default)]
+pub(crate) struct Held {
+    values: AtomicI64,
+    logical: AtomicI64,
+    stored: AtomicI64,
+}
+
+impl Held {
+    fn add(&self, c: &Cached, sign: i64) {
+        self.values.fetch_add(sign, Ordering::Relaxed);
+        self.logical.fetch_add(sign * c.len() as i64, Ordering::Relaxed);
+        self.stored.fetch_add(sign * c.data.len() as i64, Ordering::Relaxed);
+    }
+
+    /// (values, bytes as sent, bytes as held)
+    pub fn get(&self) -> (u64, u64, u64) {
+        let n = |a: &AtomicI64| a.load(Ordering::Relaxed).max(0) as u64;
+        (n(&self.values), n(&self.logical), n(&self.stored))
+    }
+}
+
+/// Takes what leaves either cache off [`Held`]: quick_cache's evictions (a replaced or removed
+/// value is taken off by `reconcile`), and everything foyer lets go (evicted, replaced,
+/// removed).
+#[derive(Clone)]
+struct Leaving(Arc<Held>);
+
+impl quick_cache::Lifecycle<MemKey, Cached> for Leaving {
+    type RequestState = ();
+
+    fn on_evict(&self, _: &mut (), _: MemKey, val: Cached) {
+        self.0.add(&val, -1);
+    }
+}
+
+impl foyer_common::event::EventListener for Leaving {
+    type Key = MemKey;
+    type Value = Cached;
+
+    fn on_leave(&self, _: foyer_common::event::Event, _: &MemKey, value: &Cached) {
+        self.0.add(value, -1);
+    }
 }
 
 /// Keys up to this long are held inline in the cache's entry.
@@ -155,6 +202,7 @@ pub(crate) struct Memory {
     admission: Option<Admission>,
     pub hits: AtomicU64,
     pub promotions: AtomicU64,
+    pub held: Arc<Held>,
 }
 
 impl Memory {
@@ -165,14 +213,21 @@ impl Memory {
         }
         use foyer_memory::{CacheBuilder, FifoConfig, LfuConfig, LruConfig, S3FifoConfig, SieveConfig};
         let cap = cfg.capacity as usize;
+        let held = Arc::new(Held::default());
+        let leaving = Leaving(held.clone());
         let foyer = |e: foyer_memory::EvictionConfig| {
-            Backend::Foyer(CacheBuilder::new(cap).with_eviction_config(e).with_weighter(foyer_weight).build())
+            let builder = CacheBuilder::new(cap).with_eviction_config(e).with_weighter(foyer_weight);
+            Backend::Foyer(builder.with_event_listener(Arc::new(leaving.clone())).build())
         };
         let backend = match cfg.eviction {
             // The item estimate only sizes quick_cache's tables; assume 4 KiB values.
-            Eviction::Clock => {
-                Backend::Clock(quick_cache::sync::Cache::with_weighter((cap / 4096).max(64), cfg.capacity, ClockWeight))
-            }
+            Eviction::Clock => Backend::Clock(quick_cache::sync::Cache::with(
+                (cap / 4096).max(64),
+                cfg.capacity,
+                ClockWeight,
+                Default::default(),
+                leaving.clone(),
+            )),
             Eviction::Sieve => foyer(SieveConfig.into()),
             Eviction::S3Fifo => foyer(S3FifoConfig::default().into()),
             Eviction::Lfu => foyer(LfuConfig::default().into()),
@@ -188,6 +243,7 @@ impl Memory {
             admission,
             hits: AtomicU64::new(0),
             promotions: AtomicU64::new(0),
+            held,
         })
     }
 
@@ -227,17 +283,26 @@ impl Memory {
     pub fn reconcile(&self, hash: u64, key: &[u8], offer: Option<Cached>, current: impl FnOnce() -> bool) -> Settled {
         let _g = self.stripe(hash).lock();
         if let Some(value) = offer.filter(|_| current()) {
-            let key = MemKey::new(key);
+            self.held.add(&value, 1);
             match &self.backend {
-                Backend::Clock(c) => c.insert(key, value),
+                Backend::Clock(c) => {
+                    // quick_cache says nothing of the value an insert replaces: taken off here.
+                    if let Some((_, old)) = c.remove(key) {
+                        self.held.add(&old, -1);
+                    }
+                    c.insert(MemKey::new(key), value)
+                }
                 Backend::Foyer(c) => {
-                    c.insert(key, value);
+                    c.insert(MemKey::new(key), value);
                 }
             }
             return Settled::Stored;
         }
         Settled::Dropped(match &self.backend {
-            Backend::Clock(c) => c.remove(key).map(|(_, v)| v),
+            Backend::Clock(c) => c.remove(key).map(|(_, v)| {
+                self.held.add(&v, -1);
+                v
+            }),
             Backend::Foyer(c) => c.remove(key).map(|e| e.value().clone()),
         })
     }

@@ -175,6 +175,7 @@ impl Store {
             .iter()
             .filter(|s| s.file().is_some())
             .fold((0, 0), |(b, v), s| (b + s.len.load(Ordering::Relaxed), v + 1));
+        let (_, memory_logical_bytes, memory_value_bytes) = self.memory.as_ref().map_or((0, 0, 0), |m| m.held.get());
         let (memory_bytes, memory_entries, memory_capacity, admission_tracked) =
             self.memory.as_ref().map_or((0, 0, 0, 0), |m| m.usage());
         Stats {
@@ -195,6 +196,8 @@ impl Store {
             promotions: self.memory.as_ref().map_or(0, |m| m.promotions.load(Ordering::Relaxed)),
             memory_capacity,
             memory_bytes,
+            memory_logical_bytes,
+            memory_value_bytes,
             memory_entries,
             admission_tracked,
             reinsert_candidates: c.reinsert_candidates.load(Ordering::Relaxed),
