@@ -81,8 +81,8 @@ impl Default for Compression {
 /// How zstd dictionaries are trained, one per key prefix, from the prefix's small values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dictionaries {
-    /// A key's prefix is its first `depth` segments (split at `/`; a key with fewer is its own
-    /// prefix's only member, and gets none).
+    /// A key's prefix is its first `depth` segments (split at `/`; keys with fewer share the
+    /// empty prefix, and its dictionary).
     pub depth: u32,
     /// A prefix's dictionary is trained once this many bytes of its values are sampled.
     pub sample_bytes: u64,

@@ -251,3 +251,36 @@ fn dictionaries_need_zstd() {
     cfg.compression.codec = None;
     assert_eq!(Store::open(cfg).err().map(|e| e.kind()), Some(ErrorKind::Invalid));
 }
+
+/// Each data directory keeps a copy of each dictionary: one that lost its copy (or holds a
+/// damaged one) gets it back at open, so that losing any one directory loses no dictionary.
+#[test]
+fn every_data_directory_gets_a_sound_copy_back_at_open() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let cfg = || StoreConfig { dirs: vec![a.path().to_path_buf(), b.path().to_path_buf()], ..config(a.path(), 0) };
+    let s = Store::open(cfg()).unwrap();
+    put_docs(&s, "api", 0, 150);
+    trained(&s, 1);
+    let id = s.stats().dictionaries.each[0].id;
+    let coded = put_docs(&s, "api", 1000, 20);
+    drop(s);
+    let name = dict::file_name(id);
+    let sound = std::fs::read(a.path().join(&name)).unwrap();
+    assert_eq!(std::fs::read(b.path().join(&name)).unwrap(), sound, "written to both");
+    std::fs::remove_file(a.path().join(&name)).unwrap();
+    let mut damaged = sound.clone();
+    damaged[40] ^= 1;
+    std::fs::write(b.path().join(&name), &damaged).unwrap();
+    // One damaged copy, one missing: the values are unreadable (never wrong), and nothing is
+    // copied from a damaged file.
+    let s = Store::open(cfg()).unwrap();
+    assert_eq!(read(&s, &coded[0].0), None);
+    drop(s);
+    // A sound copy in one directory restores the other's.
+    std::fs::write(b.path().join(&name), &sound).unwrap();
+    let s = Store::open(cfg()).unwrap();
+    assert_eq!(std::fs::read(a.path().join(&name)).unwrap(), sound);
+    for (k, v) in &coded {
+        assert_eq!(read(&s, k).as_ref(), Some(v));
+    }
+}

@@ -175,6 +175,7 @@ fn engine(s: &Stats) {
     gauge!("larder_dictionaries", "state" => "active").set(d.each.iter().filter(|x| !x.retired).count() as f64);
     gauge!("larder_dictionaries", "state" => "retired").set(d.each.iter().filter(|x| x.retired).count() as f64);
     counter!("larder_dictionaries_trained_total").absolute(d.trained);
+    counter!("larder_dictionary_retrains_total").absolute(d.retrains);
     counter!("larder_dictionaries_removed_total").absolute(d.removed);
     counter!("larder_dictionary_training_failures_total").absolute(d.training_failures);
     gauge!("larder_dictionary_files_damaged").set(d.damaged_files as f64);
@@ -241,6 +242,10 @@ fn describe() {
     );
     g!("larder_dictionaries", "--compression-dictionary auto: dictionaries on disk, coding their prefix (active) or kept for records that need them (retired).");
     c!("larder_dictionaries_trained_total", "Dictionaries trained since start.");
+    c!(
+        "larder_dictionary_retrains_total",
+        "Prefixes sampled again because their values compressed markedly worse with their dictionary."
+    );
     c!("larder_dictionaries_removed_total", "Retired dictionaries removed once no volume needed them.");
     c!("larder_dictionary_training_failures_total", "Trainings that produced no dictionary.");
     g!("larder_dictionary_files_damaged", "Dictionary files found damaged at start (their values read as misses).");

@@ -26,6 +26,8 @@ pub struct Dict {
     pub created_ms: u64,
     /// Length of the dictionary, in bytes.
     pub len: usize,
+    /// Its file, as written (to copy into a directory that lacks it).
+    pub file: Vec<u8>,
     /// When it stopped coding new values (a newer one codes its prefix), in ms since the
     /// epoch; 0 while it codes them. Removed once unneeded.
     pub retired_ms: AtomicU64,
@@ -72,6 +74,20 @@ impl Dicts {
         let (d, damaged) = Dicts::load_paths(&paths, level);
         for path in damaged {
             tracing::error!(file = %path.display(), "a dictionary file is damaged: values coded with it are unreadable unless another directory holds a sound copy");
+        }
+        // Every usable directory gets a sound copy of each (one that missed a write while it
+        // had failed, or whose copy is damaged), so that losing any one directory loses none.
+        for x in d.live.read().values() {
+            let name = dict::file_name(x.id());
+            for dir in dirs.iter().filter(|dir| dir.usable()) {
+                let path = dir.path.join(&name);
+                if std::fs::read(&path).ok().and_then(|b| dict::decode(&b).map(|f| f.id == x.id())) == Some(true) {
+                    continue;
+                }
+                if let Err(e) = crate::io::write_atomic(&path, &x.file) {
+                    tracing::warn!(error = %e, file = %path.display(), "could not copy a dictionary");
+                }
+            }
         }
         d
     }
@@ -126,6 +142,7 @@ impl Dicts {
             key_prefix: f.key_prefix.to_vec(),
             created_ms: f.created_ms,
             len: f.bytes.len(),
+            file: file.to_vec(),
             retired_ms: AtomicU64::new(0),
             values: AtomicU64::new(0),
             logical_bytes: AtomicU64::new(0),
@@ -187,11 +204,13 @@ impl Dicts {
     /// decoders for what memory holds. Returns how many were removed.
     pub fn collect(&self, dirs: &[DataDir], needed: &BTreeSet<u32>) -> usize {
         let long_ago = crate::clock::now_ms().saturating_sub(RETIRED_FOR_MS);
+        // One held elsewhere (a write that coded a value with it and has not written its
+        // record yet, a reader decoding with it) is not removed this time.
         let retired: Vec<u32> = self
             .live
             .read()
             .values()
-            .filter(|d| d.retired() && d.retired_ms.load(Ordering::Relaxed) <= long_ago)
+            .filter(|d| d.retired() && d.retired_ms.load(Ordering::Relaxed) <= long_ago && Arc::strong_count(d) == 1)
             .map(|d| d.id())
             .collect();
         if retired.is_empty() {
@@ -222,6 +241,10 @@ impl Dicts {
 impl super::Disk {
     /// Removes the retired dictionaries no volume needs any more (after the ring turns).
     pub fn collect_dictionaries(&self) -> usize {
+        // A missing directory's volumes may need any of them.
+        if self.ring.dirs.iter().any(|d| !d.present) {
+            return 0;
+        }
         match self.held.dictionaries_needed(&self.slot_fill()) {
             Some(needed) => self.dicts.collect(&self.ring.dirs, &needed),
             None => 0, // a volume from before open holds records: it may need any

@@ -4,6 +4,7 @@
 
 use super::write::Prepared;
 use super::Store;
+use crate::disk::dicts::Dict;
 use crate::format::codec;
 use crate::format::meta;
 use crate::format::record::FLAG_CODED;
@@ -11,11 +12,13 @@ use crate::types::{Codec, PutOptions, Stored};
 use crate::{Error, ErrorKind, Result};
 use std::io::Read;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// How a value is stored: coded with a codec, or as sent (and why, when compression is on).
 pub(super) enum Coding {
-    /// The coded bytes, their codec and the dictionary they were coded with (0: none).
-    Coded(Vec<u8>, codec::Codec, u32),
+    /// The coded bytes, their codec and the dictionary they were coded with: held until the
+    /// record is written, so that it is not removed before the record that names it is noted.
+    Coded(Vec<u8>, codec::Codec, Option<Arc<Dict>>),
     Raw(Option<codec::Raw>),
 }
 
@@ -56,7 +59,7 @@ impl Store {
                     Ok(bytes) => {
                         t.coded(p, &d, len, bytes.len() as u64);
                         t.offer(&self.disk, p, &[value]); // sampled while it is trained anew
-                        return Coding::Coded(bytes, codec, d.id());
+                        return Coding::Coded(bytes, codec, Some(d));
                     }
                     Err(codec::Raw::Probed) => return Coding::Raw(Some(codec::Raw::Probed)),
                     Err(codec::Raw::NoGain) => {} // alone, it may still gain
@@ -69,7 +72,7 @@ impl Store {
                 if let Some((t, p)) = &prefix {
                     t.offer(&self.disk, p, &[value]);
                 }
-                Coding::Coded(bytes, codec, 0)
+                Coding::Coded(bytes, codec, None)
             }
             Err(why) => Coding::Raw(Some(why)),
         }

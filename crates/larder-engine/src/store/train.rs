@@ -28,6 +28,8 @@ const HOLD_OUT: usize = 8;
 const MIN_SAMPLES: usize = 16;
 /// A window this much worse (coded bytes per byte) than that ratio retrains.
 const WORSE: f64 = 1.25;
+/// Bytes all samples may hold together, at least (four samples' worth, if that is more).
+const SAMPLE_BUDGET: u64 = 64 << 20;
 /// Trainings of one prefix that fail in a row before it is left without a dictionary.
 const MAX_FAILURES: u32 = 3;
 
@@ -85,6 +87,10 @@ pub(crate) struct Trainer {
     prefixes: RwLock<HashMap<Vec<u8>, Arc<Prefix>>>,
     busy: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Bytes the prefixes' samples hold.
+    sampled: AtomicU64,
+    /// Set at close: no training starts.
+    closing: AtomicBool,
     pub trained: AtomicU64,
     pub retrains: AtomicU64,
     pub failures: AtomicU64,
@@ -118,6 +124,8 @@ impl Trainer {
             prefixes: RwLock::new(prefixes),
             busy: AtomicBool::new(false),
             thread: Mutex::new(None),
+            sampled: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
             trained: AtomicU64::new(0),
             retrains: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -132,8 +140,14 @@ impl Trainer {
     /// The prefix `key` belongs to; `None` past [`MAX_PREFIXES`].
     pub fn prefix(&self, key: &[u8]) -> Option<Arc<Prefix>> {
         let p = prefix_of(key, self.cfg.depth);
-        if let Some(x) = self.prefixes.read().get(p) {
-            return Some(x.clone());
+        {
+            let all = self.prefixes.read();
+            if let Some(x) = all.get(p) {
+                return Some(x.clone());
+            }
+            if all.len() >= MAX_PREFIXES {
+                return None; // without taking the write lock on every such put
+            }
         }
         let mut all = self.prefixes.write();
         if all.len() >= MAX_PREFIXES && !all.contains_key(p) {
@@ -154,7 +168,8 @@ impl Trainer {
         let total = p.coded.fetch_add(coded, Ordering::Relaxed) + coded;
         if n.is_multiple_of(WINDOW) {
             let mut w = p.window.lock();
-            let ratio = (total - w.1) as f64 * 1e6 / (logical - w.0).max(1) as f64;
+            // (A training may have reset the totals since they were read.)
+            let ratio = total.saturating_sub(w.1) as f64 * 1e6 / logical.saturating_sub(w.0).max(1) as f64;
             *w = (logical, total);
             let settled = p.settled.load(Ordering::Relaxed) as f64;
             if settled == 0.0 {
@@ -183,21 +198,20 @@ impl Trainer {
             return;
         }
         let most = self.cfg.sample_bytes.saturating_mul(4);
-        if (s.bytes.len() as u64) < self.cfg.sample_bytes
-            || (s.sizes.len() < MIN_SAMPLES && (s.bytes.len() as u64) < most)
+        let len: usize = value.iter().map(|v| v.len()).sum();
+        let room = self.sampled.load(Ordering::Relaxed) + len as u64 <= self.budget();
+        if room
+            && ((s.bytes.len() as u64) < self.cfg.sample_bytes
+                || (s.sizes.len() < MIN_SAMPLES && (s.bytes.len() as u64) < most))
         {
-            let len: usize = value.iter().map(|v| v.len()).sum();
             value.iter().for_each(|v| s.bytes.extend_from_slice(v));
             s.sizes.push(len);
+            self.sampled.fetch_add(len as u64, Ordering::Relaxed);
         }
-        let enough = (s.bytes.len() as u64) >= self.cfg.sample_bytes
-            && (s.sizes.len() >= MIN_SAMPLES || (s.bytes.len() as u64) >= most);
-        if !enough || self.busy.swap(true, Ordering::AcqRel) {
+        if !self.enough(&s) || self.closing.load(Ordering::Acquire) || self.busy.swap(true, Ordering::AcqRel) {
             return;
         }
-        let taken = std::mem::take(&mut *s);
-        s.failures = taken.failures;
-        p.sampling.store(false, Ordering::Relaxed);
+        let taken = self.take(p, &mut s);
         drop(s);
         let (disk, p) = (disk.clone(), p.clone());
         let mut thread = self.thread.lock();
@@ -218,8 +232,48 @@ impl Trainer {
         }
     }
 
+    /// Bytes all prefixes' samples may hold together (a sample that fills while another
+    /// prefix trains waits for its turn, holding its bytes).
+    fn budget(&self) -> u64 {
+        self.cfg.sample_bytes.saturating_mul(4).max(SAMPLE_BUDGET)
+    }
+
+    fn enough(&self, s: &Sample) -> bool {
+        let most = self.cfg.sample_bytes.saturating_mul(4);
+        s.on && (s.bytes.len() as u64) >= self.cfg.sample_bytes
+            && (s.sizes.len() >= MIN_SAMPLES || (s.bytes.len() as u64) >= most)
+    }
+
+    /// Takes `p`'s sample to train from (it samples no more meanwhile).
+    fn take(&self, p: &Prefix, s: &mut Sample) -> Sample {
+        let taken = std::mem::take(s);
+        s.failures = taken.failures;
+        p.sampling.store(false, Ordering::Relaxed);
+        self.sampled.fetch_sub(taken.bytes.len() as u64, Ordering::Relaxed);
+        taken
+    }
+
+    /// A prefix whose sample is ready to train from, taken (with `busy` set), when no training
+    /// runs: the training thread goes on with it, so a sample that filled while another
+    /// trained does not wait for its prefix's next value.
+    fn next_ready(&self) -> Option<(Arc<Prefix>, Sample)> {
+        if self.closing.load(Ordering::Acquire) {
+            return None;
+        }
+        let all = self.prefixes.read();
+        for p in all.values().filter(|p| p.sampling.load(Ordering::Relaxed)) {
+            let mut s = p.sample.lock();
+            if self.enough(&s) && !self.busy.swap(true, Ordering::AcqRel) {
+                let taken = self.take(p, &mut s);
+                return Some((p.clone(), taken));
+            }
+        }
+        None
+    }
+
     /// Waits for a training under way (at close).
     pub fn finish(&self) {
+        self.closing.store(true, Ordering::Release);
         if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
         }
@@ -232,7 +286,6 @@ impl Trainer {
         } else {
             self.failures.fetch_add(1, Ordering::Relaxed);
         }
-        self.busy.store(false, Ordering::Release);
     }
 }
 
@@ -245,8 +298,32 @@ struct TrainJob {
 }
 
 impl TrainJob {
+    /// Trains `p`'s dictionary, then any other prefix's whose sample is ready.
     fn run(self) {
-        let TrainJob { trainer, disk, p, sample } = self;
+        /// Clears `busy` however a training ends (a panic included).
+        struct Idle<'a>(&'a AtomicBool);
+        impl Drop for Idle<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let TrainJob { trainer, disk, mut p, mut sample } = self;
+        loop {
+            {
+                let _idle = Idle(&trainer.busy);
+                train_one(&trainer, &disk, &p, sample);
+            }
+            match trainer.next_ready() {
+                Some((next, taken)) => (p, sample) = (next, taken),
+                None => return,
+            }
+        }
+    }
+}
+
+/// One training: of `p`'s dictionary, from `sample`.
+fn train_one(trainer: &Trainer, disk: &Disk, p: &Prefix, sample: Sample) {
+    {
         let most = (sample.bytes.len() / 10).clamp(1 << 10, MAX_DICT);
         let t0 = std::time::Instant::now();
         let id = disk.dicts.next_id();

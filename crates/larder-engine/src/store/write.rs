@@ -246,8 +246,10 @@ impl Store {
         let raw = Prepared { value, value_crc, meta, flags: 0, len: total_len, crc: value_crc, chunks: &[], stored_ms };
         let c = &sh.ring.counters;
         let stored = match coded {
-            Coding::Coded(bytes, codec, dictionary) => {
+            // `_dict` lives until the record is written (and noted as needing it).
+            Coding::Coded(bytes, codec, _dict) => {
                 let mut p = raw;
+                let dictionary = _dict.as_ref().map_or(0, |d| d.id());
                 let entry = meta::Coded { codec: codec.id(), dictionary, len: total_len, crc: value_crc };
                 meta::encode_coded(&mut p.meta, &entry);
                 let parts: [&[u8]; 1] = [&bytes];
