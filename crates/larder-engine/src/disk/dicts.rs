@@ -37,8 +37,8 @@ pub struct Dict {
     pub stored_bytes: AtomicU64,
 }
 
-/// How long a retired dictionary is kept at least: a write that coded its value with it just
-/// before it was retired may not have appended its record yet.
+/// How long a retired dictionary is kept at least. A write that coded with it holds it until
+/// its record is appended (`collect` skips one held elsewhere); this is a margin on top.
 const RETIRED_FOR_MS: u64 = 10_000;
 
 impl Dict {

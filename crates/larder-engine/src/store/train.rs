@@ -1,8 +1,9 @@
 //! Dictionaries trained automatically, one per key prefix (`Compression::dictionary`): a
 //! prefix's small values are sampled until there are enough to train on; a thread trains the
 //! dictionary and keeps it on disk (`disk::dicts`) before the prefix's values are coded with
-//! it; when the values it codes compress markedly worse than they did at first, the prefix is
-//! sampled and trained again, and the old dictionary retired (kept while records need it).
+//! it; when the values it codes compress markedly worse than the values held out of its
+//! training did, the prefix is sampled and trained again, and the old dictionary retired (kept
+//! while records need it).
 
 use crate::config::Dictionaries;
 use crate::disk::dicts::Dict;
@@ -289,7 +290,8 @@ impl Trainer {
     }
 }
 
-/// One training: of `p`'s dictionary, from `sample`.
+/// The training thread's first job: `p`'s dictionary, from `sample` (then any other prefix
+/// whose sample is ready).
 struct TrainJob {
     trainer: Arc<Trainer>,
     disk: Arc<Disk>,
