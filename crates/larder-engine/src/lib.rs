@@ -25,6 +25,7 @@ mod config;
 mod error;
 pub mod pause;
 mod stats;
+pub mod trace;
 mod types;
 
 pub mod format;
@@ -57,7 +58,8 @@ pub use format::meta::{MAX_ATTRS, MAX_CONTENT_TYPE};
 pub use format::record::MAX_KEY_LEN;
 pub use io::{faults, FileIo};
 pub use stats::{
-    DictionaryInfo, DictionaryStats, DirState, DirStats, HeldStats, RecoveryProgress, RecoveryReport, Stats, Tally,
+    DictionaryInfo, DictionaryStats, DirState, DirStats, HeldStats, RecoveryProgress, RecoveryReport, SlotStats, Stats,
+    Tally,
 };
 pub use store::{KeyCursor, KeyInfo, Store, ValueReader, ValueWriter};
 pub use types::{

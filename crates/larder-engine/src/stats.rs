@@ -121,6 +121,21 @@ pub struct Stats {
     pub dictionaries: DictionaryStats,
     /// What the ring's volumes hold, by how values are stored.
     pub held: HeldStats,
+    /// The ring's slots, in order (the write head is `active_volume`).
+    pub slots: Vec<SlotStats>,
+}
+
+/// One slot of the ring.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SlotStats {
+    /// Times a volume was started in it (0: never).
+    pub generation: u32,
+    /// The data directory of its volume (by `--data-dir` order), if it has one.
+    pub dir: Option<usize>,
+    /// Bytes in its volume (header and records).
+    pub bytes: u64,
+    /// When its volume was started (ms since the Unix epoch; 0: never), from its sequence.
+    pub started_ms: u64,
 }
 
 /// The values in the ring's volumes written since open (a replaced or deleted value too,

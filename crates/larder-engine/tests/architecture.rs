@@ -8,7 +8,7 @@ use std::path::Path;
 /// Bottom to top. A module may use the modules of the layers before its own, never one of
 /// its own layer (other than itself) or above.
 const LAYERS: &[&[&str]] = &[
-    &["error", "pause"],
+    &["error", "pause", "trace"],
     &["types"],
     &["config", "clock", "stats"],
     &["format"],

@@ -84,14 +84,7 @@ fn with_body(status: StatusCode, body: Body) -> Resp {
 /// A plain or ranged GET is one read: of the whole value, or of just the blocks that hold the
 /// range. A HEAD or a revalidation first reads only what describes the value (for a large
 /// value, the front of its record), so that a 304 never reads the body.
-pub async fn get(
-    app: &Arc<App>,
-    store: &Store,
-    key: std::borrow::Cow<'_, [u8]>,
-    req: &HeaderMap,
-    head: bool,
-    held: Option<&Held>,
-) -> Resp {
+pub async fn get(app: &Arc<App>, store: &Store, key: &[u8], req: &HeaderMap, head: bool, held: Option<&Held>) -> Resp {
     let found = |r: larder_engine::Result<Option<Value>>| match r {
         Ok(Some(v)) => Ok(v),
         Ok(None) => Err(Box::new(text(StatusCode::NOT_FOUND, "not found\n"))),
@@ -104,7 +97,7 @@ pub async fn get(
     let takes_zstd = headers::accepts_zstd(req) && range.is_none();
     let revalidation = req.contains_key(IF_NONE_MATCH) || req.contains_key(IF_MODIFIED_SINCE);
     if head || revalidation {
-        let d = match found(read(app, store, &key, Part::Nothing, false).await) {
+        let d = match found(read(app, store, key, Part::Nothing, false).await) {
             Ok(d) => d,
             Err(r) => return *r,
         };
@@ -128,7 +121,7 @@ pub async fn get(
         if head {
             // The coded length is that of the bytes stored: read them (a coded value is at
             // most a chunk, and not decoded).
-            let v = match found(read(app, store, &key, Part::Whole, true).await) {
+            let v = match found(read(app, store, key, Part::Whole, true).await) {
                 Ok(v) => v,
                 Err(r) => return *r,
             };
@@ -151,7 +144,7 @@ pub async fn get(
         Err(e) => Err(Box::new(engine_error(&e, Op::Read))),
     };
     let coded = takes_zstd && part == Part::Whole;
-    let mut read = match body_found(read_body_of(app, store, &key, part, coded).await) {
+    let mut read = match body_found(read_body_of(app, store, key, part, coded).await) {
         Ok(v) => v,
         Err(r) => return *r,
     };
@@ -159,7 +152,7 @@ pub async fn get(
     // value. Checked on what was read, so a write between two reads cannot mix versions.
     if part != Part::Whole && !headers::if_range_holds(req, read.value()) {
         part = Part::Whole;
-        read = match body_found(read_body_of(app, store, &key, part, false).await) {
+        read = match body_found(read_body_of(app, store, key, part, false).await) {
             Ok(v) => v,
             Err(r) => return *r,
         };

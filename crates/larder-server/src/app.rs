@@ -21,6 +21,9 @@ pub struct App {
     pub faults: bool,
     /// Request counters and histograms, rendered at `/_larder/metrics`.
     pub metrics: Metrics,
+    /// The operator's window: each door's times and hot keys, slow requests' traces, the
+    /// last minutes' figures.
+    pub watch: crate::watch::Watch,
     /// How far the recovery has come while the store opens.
     pub progress: RecoveryProgress,
     /// When the recovery started, for its estimate of the time left.

@@ -11,11 +11,13 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::StatusCode;
+use larder_engine::trace::{self, Step};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 /// Why a request body was not taken.
 pub enum BodyError {
@@ -41,7 +43,17 @@ pub async fn read_body(
     let mut parts = Vec::new();
     let mut have = 0u64;
     let mut clock = BodyClock::new();
-    while let Some(frame) = next_frame(app, &mut body, &mut clock).await? {
+    // A traced request's waits for the client's bytes, as one span (the budget's waits
+    // between them are spans of their own).
+    let traced = trace::active();
+    let (mut first, mut waited) = (None, std::time::Duration::ZERO);
+    loop {
+        let asked = traced.then(Instant::now);
+        let Some(frame) = next_frame(app, &mut body, &mut clock).await? else { break };
+        if let Some(t) = asked {
+            first.get_or_insert(t);
+            waited += t.elapsed();
+        }
         let Ok(data) = frame.map_err(BodyError::Broken)?.into_data() else { continue };
         have += data.len() as u64;
         if have > limit {
@@ -51,6 +63,9 @@ pub async fn read_body(
         if !data.is_empty() {
             parts.push(data);
         }
+    }
+    if let Some(f) = first {
+        trace::record(Step::Body, f, f + waited, have);
     }
     Ok(parts)
 }

@@ -116,6 +116,25 @@ impl Ring {
         self.placement
     }
 
+    /// The share of the hash space `node` owns: the arcs that end at its points (the first
+    /// point's arc wraps round from the last), which is the share of keys it owns.
+    pub fn share(&self, node: usize) -> f64 {
+        let Some(&(last, _)) = self.points.last() else { return 0.0 };
+        let mut prev = last;
+        let mut owned = 0u64;
+        for &(p, n) in &self.points {
+            if n as usize == node {
+                owned += p.wrapping_sub(prev) as u64;
+            }
+            prev = p;
+        }
+        // One point alone owns everything (its arc wraps to itself).
+        if self.points.len() == 1 {
+            return if self.points[0].1 as usize == node { 1.0 } else { 0.0 };
+        }
+        owned as f64 / (1u64 << 32) as f64
+    }
+
     /// The index of the node that owns the store key `key` (a memcached key; the path of an
     /// HTTP key without its leading `/`).
     pub fn owner(&self, key: &[u8]) -> usize {
@@ -253,6 +272,12 @@ mod tests {
                 count[ring.owner(format!("key-{i}").as_bytes())] += 1;
             }
             assert!(count.iter().all(|&c| (7_000..13_000).contains(&c)), "{placement:?}: {count:?}");
+            // The share the status page shows is the share of keys a node owns.
+            let shares: Vec<f64> = (0..3).map(|n| ring.share(n)).collect();
+            assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{shares:?}");
+            for (n, &c) in count.iter().enumerate() {
+                assert!((shares[n] - c as f64 / 30_000.0).abs() < 0.02, "{placement:?}: {shares:?} against {count:?}");
+            }
         }
     }
 

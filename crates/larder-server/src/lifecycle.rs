@@ -66,6 +66,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         policy: crate::guard::Policy::new(&settings),
         faults: faults.is_some(),
         metrics: Metrics::install()?,
+        watch: crate::watch::Watch::new(settings.slow_request),
         progress: RecoveryProgress::default(),
         started: Instant::now(),
         shutting_down: AtomicBool::new(false),
@@ -124,6 +125,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     };
     let conns = Arc::new(Mutex::new(conn::Conns::default()));
     let clock = tokio::spawn(conn::coarse_clock());
+    let sampler = tokio::spawn(admin::sampler(app.clone()));
     let background = {
         let app = app.clone();
         tokio::spawn(async move {
@@ -212,6 +214,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         let _ = m.await; // it drains its connections within the same timeout
     }
     clock.abort();
+    sampler.abort();
     background.abort();
     if waiting_ready {
         // Still recovering: wait for it so the store is closed cleanly.

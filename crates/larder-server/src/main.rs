@@ -23,6 +23,7 @@ mod proxy;
 mod reply;
 mod routes;
 mod storeio;
+mod watch;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -68,6 +69,9 @@ enum Command {
     Delete(cli::DeleteArgs),
     /// Show a running server's figures as a table.
     Stats(cli::StatsArgs),
+    /// Watch a running server, or every node of a cluster, live: rates, hit ratios,
+    /// latencies, hot keys (--once prints one frame).
+    Top(cli::TopArgs),
     /// Verify every record and hint file of a stopped server's data directory; exits 1 if
     /// any record fails its checksum (a torn tail of the active volume excepted).
     Check(cli::CheckArgs),
@@ -87,6 +91,7 @@ fn main() {
         Command::Put(a) => cli::put(a),
         Command::Delete(a) => cli::delete(a),
         Command::Stats(a) => cli::stats(a),
+        Command::Top(a) => cli::top(a),
         Command::Check(a) => cli::check(a),
         Command::Bench(a) => cli::bench(a),
         Command::Owner(a) => cli::owner(a),

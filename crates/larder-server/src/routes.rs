@@ -12,10 +12,13 @@ use crate::h1;
 use crate::headers;
 use crate::key::{decode_key, KeyError, RESERVED_PREFIX};
 use crate::reply::{method_not_allowed, text, Resp};
+use crate::watch::slow::{shown, SlowTrace};
+use crate::watch::Door as WatchDoor;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, PROXY_AUTHORIZATION, WWW_AUTHENTICATE};
 use hyper::{Method, Request, StatusCode};
+use larder_engine::trace::{Trace, Traced};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,11 +30,12 @@ pub async fn handle(
     held: Option<Held>,
 ) -> Result<Resp, std::convert::Infallible> {
     let started = Instant::now();
+    let mut trace = app.watch.slow.start();
     let method = req.method().clone();
     // A Uri clone shares its bytes (no allocation); it is kept only for the logs below.
     let uri = req.uri().clone();
-    let resp = route(&app, req, held).await;
-    finish(&app, &method, uri.path(), started, &resp);
+    let resp = Traced::new(route(&app, req, held), &mut trace).await;
+    finish(&app, &method, uri.path(), started, &resp, trace);
     Ok(resp)
 }
 
@@ -46,33 +50,49 @@ pub async fn handle_plain(app: &Arc<App>, head: &h1::Head, body: Bytes, held: Op
     } else {
         match decode_key(&head.path) {
             Ok(key) if key.starts_with(RESERVED_PREFIX) => return None,
-            Ok(key) => key_api(app, &head.method, key, &head.headers, ReqBody::Whole(body), held).await,
+            Ok(key) => {
+                let mut trace = app.watch.slow.start();
+                let answer = key_api(app, &head.method, key, &head.headers, ReqBody::Whole(body), held);
+                let resp = Traced::new(answer, &mut trace).await;
+                finish(app, &head.method, &head.path, started, &resp, trace);
+                return Some(resp);
+            }
             Err(e) => text(StatusCode::BAD_REQUEST, e.message()),
         }
     };
-    finish(app, &head.method, &head.path, started, &resp);
+    finish(app, &head.method, &head.path, started, &resp, None);
     Some(resp)
 }
 
-/// Counts an answered request in the metrics, and logs it if asked to or slow.
-fn finish(app: &App, method: &Method, path: &str, started: Instant, resp: &Resp) {
+/// Counts an answered request in the metrics and the operator's window, and logs it if asked
+/// to; a slow one keeps its trace.
+fn finish(app: &App, method: &Method, path: &str, started: Instant, resp: &Resp, trace: Option<Box<Trace>>) {
     let elapsed = started.elapsed();
-    if !path.starts_with("/_larder/") {
+    let status = resp.status().as_u16();
+    let admin = path.starts_with("/_larder/");
+    let door = if crate::proxy::state().is_some() { WatchDoor::Proxy } else { WatchDoor::Http };
+    if !admin {
         let body =
             if *method == Method::HEAD { 0 } else { hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0) };
-        app.metrics.request(method, resp.status().as_u16(), elapsed, body);
+        app.metrics.request(method, status, elapsed, body);
+        app.watch.http(door, method, status, elapsed);
     }
-    let s = &app.settings;
-    let slow = !s.slow_request.is_zero() && elapsed >= s.slow_request;
-    if s.access_log || slow {
-        let status = resp.status().as_u16();
-        if s.access_log {
-            let bytes = hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0);
-            tracing::info!(target: "larder::access", %method, path, status, bytes, micros = elapsed.as_micros() as u64);
-        }
-        if slow {
-            tracing::warn!(%method, path, status, millis = elapsed.as_millis() as u64, "slow request");
-        }
+    if app.settings.access_log {
+        let bytes = hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0);
+        tracing::info!(target: "larder::access", %method, path, status, bytes, micros = elapsed.as_micros() as u64);
+    }
+    if app.watch.slow.is_slow(elapsed) {
+        let (spans, dropped) = trace.map_or((Vec::new(), 0), |t| (t.spans().to_vec(), t.dropped()));
+        app.watch.slow.keep(SlowTrace {
+            at_ms: larder_engine::now_ms(),
+            door: if admin { "admin" } else { crate::watch::DOORS[door as usize] },
+            method: method.to_string(),
+            key: shown(path.as_bytes()),
+            status: status.to_string(),
+            total: elapsed,
+            spans,
+            dropped,
+        });
     }
 }
 
@@ -103,7 +123,14 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
         if larders {
             req.headers_mut().remove(AUTHORIZATION);
         }
-        return Box::pin(crate::proxy::handle(app, req)).await;
+        let path = req.uri().path().as_bytes().to_vec();
+        let r = Box::pin(crate::proxy::handle(app, req)).await;
+        if what == Permission::Read {
+            let served =
+                (r.status() == StatusCode::OK).then(|| hyper::body::Body::size_hint(r.body()).upper().unwrap_or(0));
+            app.watch.read(WatchDoor::Proxy, &path, served);
+        }
+        return r;
     }
     let uri = req.uri().clone();
     let key = match decode_key(uri.path()) {
@@ -116,7 +143,9 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
         let what = &key[RESERVED_PREFIX.len()..];
         // Health stays open so that load balancers need no secret.
         let permission = match what {
-            b"health" => Permission::Health,
+            // The status page's own files: no figures in them (it asks for the token, if
+            // one is set, before it reads any).
+            b"health" | b"" | b"ui.js" | b"ui.css" => Permission::Health,
             b"purge" => Permission::Purge,
             b"flush" => Permission::Flush,
             _ => Permission::Admin,
@@ -136,7 +165,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
         if what == b"faults" {
             return Box::pin(admin::faults(app, req)).await;
         }
-        return Box::pin(admin::endpoint(app, req.method(), what)).await;
+        return Box::pin(admin::endpoint(app, req.method(), what, req.uri().query())).await;
     }
     if matches!(*req.method(), Method::GET | Method::HEAD | Method::PUT | Method::PATCH | Method::DELETE) {
         let (parts, body) = req.into_parts();
@@ -177,8 +206,17 @@ async fn key_api(
         return text(StatusCode::SERVICE_UNAVAILABLE, "recovering; try again shortly\n");
     };
     match *method {
-        Method::GET => api::get(app, store, key, headers, false, held.as_ref()).await,
-        Method::HEAD => api::get(app, store, key, headers, true, None).await,
+        Method::GET | Method::HEAD => {
+            let head = *method == Method::HEAD;
+            let r = api::get(app, store, &key, headers, head, if head { None } else { held.as_ref() }).await;
+            // What a hit served, for the largest values (a HEAD serves none).
+            let served = matches!(r.status(), StatusCode::OK | StatusCode::PARTIAL_CONTENT)
+                .then(|| hyper::body::Body::size_hint(r.body()).upper().unwrap_or(0))
+                .filter(|_| !head);
+            let door = if crate::proxy::state().is_some() { WatchDoor::Proxy } else { WatchDoor::Http };
+            app.watch.read(door, &key, served);
+            r
+        }
         // Boxed, as are PATCH and DELETE: this future is moved whole for every request, and
         // PUT's (the body budget's wait, the body, the blocking write) would make every GET's
         // larger too (measured: ~240 instructions a GET, all memcpy, with
@@ -199,6 +237,7 @@ fn admit(app: &App, door: Door, headers: &HeaderMap, what: Permission) -> Result
         // A credential in another scheme, or none in this one, is a wrong credential.
         bearer_of(Some(v)).unwrap_or(b"\0")
     });
+    let _policy = larder_engine::trace::span(larder_engine::trace::Step::Policy);
     let who = app.policy.identify(given);
     app.policy.admit(door, Session::PerRequest, who, what).map(|()| who)
 }

@@ -133,7 +133,14 @@ pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce(&Store) -> larder_engine::Result<T> + Send + 'static,
 ) -> larder_engine::Result<T> {
     let app = app.clone();
-    tokio::task::spawn_blocking(move || f(app.store.get().expect("store is ready before writes are routed")))
-        .await
-        .expect("store call panicked")
+    let store = move || f(app.store.get().expect("store is ready before writes are routed"));
+    // A traced request's spans follow it onto the pool and back (its wait for a thread too).
+    match larder_engine::trace::handoff() {
+        None => tokio::task::spawn_blocking(store).await.expect("store call panicked"),
+        Some(h) => {
+            let (r, brought) = tokio::task::spawn_blocking(move || h.run(store)).await.expect("store call panicked");
+            brought.bring();
+            r
+        }
+    }
 }

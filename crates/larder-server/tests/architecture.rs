@@ -13,7 +13,7 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &["headers", "key", "cluster", "h1", "lanes"],
     &["config"],
-    &["guard", "metrics", "reply"],
+    &["guard", "metrics", "reply", "watch"],
     &["app"],
     &["storeio", "body"],
     // The doors: each maps its protocol onto the policy and the store, and knows no other.
@@ -75,8 +75,11 @@ const INNER: &[(&str, &[&[&str]])] = &[
     // loops, which hand one to the runtime's; the registry.
     ("conn", &[&["activity", "out"], &["via_hyper"], &["native"], &["reactor"], &["mod"]]),
     ("guard", &[&["budget", "ring"], &["mod"]]),
+    ("watch", &[&["hot", "latency", "slow"], &["mod"]]),
+    // The stats as JSON, the page's files; the window's endpoints and sampler over the stats.
+    ("admin", &[&["stats", "page"], &["window"], &["mod"]]),
     ("config", &[&["compression", "token"], &["mod"]]),
-    ("cli", &[&["client"], &["bench", "check", "fleet", "keys", "stats"], &["mod"]]),
+    ("cli", &[&["client"], &["bench", "check", "fleet", "keys", "stats", "top"], &["mod"]]),
 ];
 
 /// The longest a source file may be, in lines.

@@ -178,7 +178,20 @@ impl Store {
         let (_, memory_logical_bytes, memory_value_bytes) = self.memory.as_ref().map_or((0, 0, 0), |m| m.held.get());
         let (memory_bytes, memory_entries, memory_capacity, admission_tracked) =
             self.memory.as_ref().map_or((0, 0, 0, 0), |m| m.usage());
+        let slots = sh
+            .ring
+            .slots
+            .iter()
+            .map(|s| crate::stats::SlotStats {
+                generation: s.generation.load(Ordering::Relaxed),
+                dir: s.dir(),
+                bytes: if s.file().is_some() { s.len.load(Ordering::Relaxed) } else { 0 },
+                // A sequence is the volume's start in ms × 1024 (`clock::sequence_after`).
+                started_ms: s.sequence.load(Ordering::Relaxed) >> 10,
+            })
+            .collect();
         Stats {
+            slots,
             keys: sh.index.len(),
             bytes_used,
             capacity_bytes: sh.ring.cfg.volume_size * sh.ring.cfg.volume_count as u64,

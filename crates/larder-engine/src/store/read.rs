@@ -11,6 +11,7 @@ use crate::disk::{decode_checked, Got, Seen};
 use crate::format::meta;
 use crate::memory::flight::{Join, Target};
 use crate::memory::{Cached, Settled};
+use crate::trace::{self, Step};
 use crate::types::{Codec, CodedBytes, Part, Tier, Value};
 use crate::Result;
 use bytes::Bytes;
@@ -162,13 +163,17 @@ impl Store {
         check_key(key)?;
         let sh = &*self.disk;
         let hash = sh.ring.hash(key);
+        let memory = trace::span(Step::Memory);
         if let Some(v) = self.memory_hit(hash, key, true, send_zstd, false) {
             return Ok(Some(Some(v)));
         }
+        drop(memory);
         // The record to read is looked up once, before a shared read is joined: a read in the
         // air answers only the gets that looked up the same record (see flight.rs).
         // A location whose slot has moved on names nothing (its record is gone).
+        let probe = trace::span(Step::Index);
         let seen = sh.index.get(hash).and_then(|loc| Some(Seen { loc, generation: sh.ring.live_generation(loc)? }));
+        drop(probe);
         let found = match seen {
             None => None,
             Some(seen) if wait => match self.flights.join(hash, key, seen) {
@@ -185,6 +190,7 @@ impl Store {
                 }
                 Join::Follow(flight) => {
                     sh.ring.counters.coalesced_reads.fetch_add(1, Ordering::Relaxed);
+                    let _wait = trace::span(Step::Coalesced);
                     flight.wait()?
                 }
                 Join::Alone => {
@@ -233,7 +239,12 @@ impl Store {
     /// Reads the record of `key` that `seen` names; `Ok(None)` if `nowait` and the read would
     /// wait for the device. A record of another generation (the slot moved on) is gone.
     fn read_disk(&self, hash: u64, key: &[u8], seen: Seen, nowait: bool) -> Result<Option<Found>> {
-        Ok(match self.disk.fetch_part(hash, seen.loc, key, Part::Whole, nowait)? {
+        let mut span = trace::span(Step::Disk);
+        let got = self.disk.fetch_part(hash, seen.loc, key, Part::Whole, nowait)?;
+        if let Got::Value(v, _) = &got {
+            span.bytes(v.position.size);
+        }
+        Ok(match got {
             Got::WouldBlock => None,
             Got::Value(v, generation) if generation == seen.generation => Some(Some((v, seen))),
             Got::Gone | Got::Value(..) => Some(None),

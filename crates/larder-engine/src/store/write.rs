@@ -14,6 +14,7 @@ use crate::format::record::{self, Header, FLAG_CHUNK, FLAG_CODED, FLAG_HEAD, FLA
 use crate::format::volume::VOLUME_HEADER_LEN;
 use crate::index::Loc;
 use crate::memory::{Cached, Settled};
+use crate::trace::{self, Step};
 use crate::types::{Codec, Expiry, Part, Position, Precondition, PutOptions, Stored, Touch, Version};
 use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
@@ -346,6 +347,7 @@ impl Store {
         let mut header = new_header(flags);
         let keep = matches!(opts.expiry, Expiry::Keep { .. });
         let looked = !opts.preconditions.is_empty() || keep;
+        let write = trace::span(Step::Write);
         let (pos, seen, seq, before, other) = {
             let Some((mut w, current)) = self.lock_current(hash, key, looked, wait, record_len)? else {
                 return Ok(None);
@@ -409,9 +411,12 @@ impl Store {
             self.reconcile_memory(hash, key, offer);
             (pos, seen, w.appended, before, other)
         };
+        drop(write);
         crate::pause::point("put.unlocked", key);
         if always {
+            let sync = trace::span(Step::Sync);
             sh.wait_durable(seq)?;
+            drop(sync);
             if let Some(c) = cached {
                 self.reconcile_memory(hash, key, Some((c, seen)));
             }

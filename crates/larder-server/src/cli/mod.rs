@@ -2,6 +2,7 @@
 //!
 //! - `client.rs`: what they share: the server's address and token, HTTP calls, exit codes;
 //! - `keys.rs`: `get`, `put`, `delete` of a key; `stats.rs`: the server's figures;
+//!   `top.rs`: the live view of a node or a cluster;
 //! - `fleet.rs`: `owner` and `flush` over a cluster's nodes;
 //! - `check.rs`: a data directory verified offline; `bench.rs`: the hand-over to
 //!   `larder-bench`.
@@ -15,9 +16,11 @@ mod client;
 mod fleet;
 mod keys;
 mod stats;
+mod top;
 
 pub use bench::{bench, BenchArgs};
 pub use check::{check, CheckArgs};
 pub use fleet::{flush, owner, FlushArgs, OwnerArgs};
 pub use keys::{delete, get, put, DeleteArgs, GetArgs, PutArgs};
 pub use stats::{stats, StatsArgs};
+pub use top::{top, TopArgs};

@@ -14,6 +14,7 @@
 //!
 //! Counted in KiB, the semaphores' unit, so that any size fits their permit counts.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -21,6 +22,25 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub struct Budget {
     bodies: Pool,
     heads: Pool,
+}
+
+/// Requests waiting for room, for the operator's view (one count for every pool).
+static WAITING: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a wait for room until dropped, and times it as the request's budget wait.
+struct Waiting(#[allow(dead_code)] larder_engine::trace::Open);
+
+impl Waiting {
+    fn new() -> Waiting {
+        WAITING.fetch_add(1, Ordering::Relaxed);
+        Waiting(larder_engine::trace::span(larder_engine::trace::Step::Budget))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        WAITING.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Clone)]
@@ -59,7 +79,22 @@ impl Budget {
     /// no read buffer. A size larger than the pool waits until it has the pool to itself.
     pub async fn reserve_exact(&self, bytes: u64) -> OwnedSemaphorePermit {
         let kib = bytes.div_ceil(1024).min(self.bodies.kib as u64) as u32;
+        if let Ok(p) = self.bodies.room.clone().try_acquire_many_owned(kib) {
+            return p;
+        }
+        let _w = Waiting::new();
         self.bodies.room.clone().acquire_many_owned(kib).await.expect("the budget is never closed")
+    }
+
+    /// Bytes of the bodies' pool in use, and its size.
+    pub fn bodies_used(&self) -> (u64, u64) {
+        let kib = self.bodies.kib as u64;
+        ((kib - (self.bodies.room.available_permits() as u64).min(kib)) << 10, kib << 10)
+    }
+
+    /// Requests waiting for room.
+    pub fn waiting(&self) -> u64 {
+        WAITING.load(Ordering::Relaxed)
     }
 
     /// A charge on the bodies' pool, empty until it grows with what arrives.
@@ -113,6 +148,7 @@ impl Charge {
         }
         let whole = self.kib_for(bytes);
         self.held = None;
+        let _w = Waiting::new();
         let p = self.pool.room.clone().acquire_many_owned(whole).await.expect("the budget is never closed");
         self.held = Some(p);
     }

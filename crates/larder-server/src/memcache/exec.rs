@@ -16,7 +16,33 @@ use super::meta;
 use super::operator;
 use super::wire::{binary, text, Answer, Data, Reply, Request, StoreOp};
 use crate::storeio::{blocking, read_body_of};
+use crate::watch::Door as WatchDoor;
 use larder_engine::{ErrorKind, Part, Store};
+
+/// [`run`], timed for the operator's window, and traced while a slow-request threshold is
+/// set: a slower command keeps its trace.
+pub async fn run_watched(c: &mut Conn, store: &Store, req: Request<'_>, reply: Reply) -> Result<(), End> {
+    let started = std::time::Instant::now();
+    let mut trace = c.app.watch.slow.start();
+    let (name, key) = (req.name(), crate::watch::slow::shown(req.key()));
+    let r = larder_engine::trace::Traced::new(run(c, store, req, reply), &mut trace).await;
+    let elapsed = started.elapsed();
+    c.app.watch.memcache(elapsed);
+    if c.app.watch.slow.is_slow(elapsed) {
+        let (spans, dropped) = trace.map_or((Vec::new(), 0), |t| (t.spans().to_vec(), t.dropped()));
+        c.app.watch.slow.keep(crate::watch::slow::SlowTrace {
+            at_ms: larder_engine::now_ms(),
+            door: if reply.binary() { "memcache_binary" } else { "memcache_text" },
+            method: String::from_utf8_lossy(name).into_owned(),
+            key,
+            status: if r.is_ok() { "answered" } else { "closed" }.to_string(),
+            total: elapsed,
+            spans,
+            dropped,
+        });
+    }
+    r
+}
 
 /// Runs an admitted request and answers it; `Err` when the connection is to end.
 pub async fn run(c: &mut Conn, store: &Store, req: Request<'_>, reply: Reply) -> Result<(), End> {
@@ -133,6 +159,7 @@ async fn get(
             }
         };
         detail().record(key, DetailOp::Get { hit: found.is_some() });
+        c.app.watch.read(WatchDoor::Memcache, key, found.as_ref().map(|f| f.value().len));
         c.listener.log.item_get(key, found.as_ref().map(|f| f.value().len), c.id);
         let Some(found) = found else {
             counters().count(command, Outcome::Miss);

@@ -61,6 +61,9 @@ async fn mg(c: &mut Conn, store: &Store, words: &[&[u8]]) -> Result<(), End> {
     let part = if f.value { Part::Whole } else { Part::Nothing };
     // With `T`, the value found is given its new TTL after the read (as gat's).
     let found = read_body_of(&app, store, &key, part, false).await;
+    if let Ok(found) = &found {
+        app.watch.read(crate::watch::Door::Memcache, &key, found.as_ref().map(|f| f.value().len));
+    }
     let found = match (found, f.ttl) {
         (Ok(found), Some(t)) => item::touch_after_read(c, &key, found, t).await,
         (found, _) => found,

@@ -50,7 +50,7 @@ pub async fn run(c: &mut Conn) -> Result<(), End> {
                     // state between (each one is moved on every request); else turned away.
                     let app = c.app.clone();
                     match (access::admit_text(c, &req), app.store.get()) {
-                        (Ok(()), Some(store)) => exec::run(c, store, req, Reply::Text { noreply }).await?,
+                        (Ok(()), Some(store)) => exec::run_watched(c, store, req, Reply::Text { noreply }).await?,
                         (admitted, _) => Box::pin(turn_away_text(c, req, admitted.err())).await?,
                     }
                     c.command_done();
@@ -139,7 +139,7 @@ async fn run_binary(c: &mut Conn) -> Result<(), End> {
                 exec::answer(c, binary::command_name(h.opcode), &Answer::Invalid, Reply::Binary(h));
                 return Err(End::Closed);
             };
-            exec::run(c, store, req, Reply::Binary(h)).await?;
+            exec::run_watched(c, store, req, Reply::Binary(h)).await?;
             c.command_done();
             c.maybe_flush().await?;
         }

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, IF_RANGE};
 use hyper::{Method, Request, Response, StatusCode};
+use larder_engine::trace::Step;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,7 +73,10 @@ pub(super) async fn fetch(
         p.counters.coalesced.fetch_add(1, Ordering::Relaxed);
     }
     // The leader's own wait is bounded by the origin's timeouts; a member's by the lock timeout.
+    // The origin's answer (the leader's task fetches it), or a member's wait for it.
+    let wait = larder_engine::trace::span(if leader { Step::Origin } else { Step::Coalesced });
     let waited = if leader { Ok(outcome.await) } else { tokio::time::timeout(p.lock_timeout, outcome).await };
+    drop(wait);
     let alone = |req, uri, key, stale| Box::pin(fetch(app, req, uri, key, stale, Share::Alone));
     let outcome = match waited {
         Ok(Ok(o)) => o,

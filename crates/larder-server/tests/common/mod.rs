@@ -157,8 +157,8 @@ fn spawn(dir: &Path, args: &[String], envs: &[(String, String)]) -> (Child, Sock
         .env("LARDER_FAULTS", "1")
         .envs(envs.iter().map(|(k, v)| (k, v)))
         .arg("serve")
-        .arg("--listen")
-        .arg("127.0.0.1:0")
+        // A free port, unless the test names its own (a cluster's nodes name each other).
+        .args(if args.iter().any(|a| a == "--listen") { &[][..] } else { &["--listen", "127.0.0.1:0"][..] })
         .arg("--data-dir")
         .arg(dir)
         .args(args)

@@ -116,6 +116,19 @@ pub enum Request<'a> {
 }
 
 impl Request<'_> {
+    /// The key a request names first (a meta command's first word), for a slow request's trace.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Request::Get { keys, .. } => keys.as_slice().first().copied().unwrap_or(b""),
+            Request::Store { key, .. }
+            | Request::Delete { key, .. }
+            | Request::Arith { key, .. }
+            | Request::Touch { key, .. } => key,
+            Request::Meta { words, .. } => words.first().copied().unwrap_or(b""),
+            _ => b"",
+        }
+    }
+
     /// The name the request is counted under (`counters::COMMANDS`).
     #[inline]
     pub fn name(&self) -> &'static [u8] {

@@ -1,6 +1,12 @@
 //! The endpoints under `/_larder/`: health (with the recovery's progress while the store
 //! opens), Prometheus metrics, the JSON stats, and the fault injection of test builds.
 
+mod page;
+mod stats;
+mod window;
+
+pub use window::sampler;
+
 use crate::app::App;
 use crate::reply::{method_not_allowed, text, text_owned, Body, Resp};
 use bytes::Bytes;
@@ -72,15 +78,6 @@ pub async fn faults(app: &App, req: Request<Incoming>) -> Resp {
     }
 }
 
-/// `part / whole`, 0 when there is no whole.
-fn ratio(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        part as f64 / whole as f64
-    }
-}
-
 /// The store's figures, gathered on the blocking pool: they ask the file system for free
 /// space, which a failing disk can stall.
 async fn stats(app: &Arc<App>) -> Option<larder_engine::Stats> {
@@ -89,32 +86,29 @@ async fn stats(app: &Arc<App>) -> Option<larder_engine::Stats> {
     tokio::task::spawn_blocking(move || app.store.get().map(|s| s.stats())).await.ok().flatten()
 }
 
-/// The memcached listener's connections, bytes and commands (`{"get": {"hit": 3, …}, …}`).
-fn memcache_stats(m: &crate::memcache::Counters) -> serde_json::Value {
-    let mut commands = serde_json::Map::new();
-    for (command, outcome, n) in m.nonzero() {
-        let e = commands.entry(command).or_insert_with(|| serde_json::json!({}));
-        e[outcome] = n.into();
+/// The other admin endpoints: `health` (open to all, see the routing), `metrics`, `stats`,
+/// the status page (open too: its files hold no figures) and the window's `series`, `hot`
+/// and `slow` (whose POST sets the slow-request threshold).
+pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8], query: Option<&str>) -> Resp {
+    if what == b"slow" {
+        return window::slow(app, method, query);
     }
-    serde_json::json!({
-        "curr_connections": m.curr_connections.load(Ordering::Relaxed),
-        "total_connections": m.total_connections.load(Ordering::Relaxed),
-        "rejected_connections": m.rejected_connections.load(Ordering::Relaxed),
-        "bytes_read": m.bytes_read.load(Ordering::Relaxed),
-        "bytes_written": m.bytes_written.load(Ordering::Relaxed),
-        "commands": commands,
-    })
-}
-
-/// The other admin endpoints, all read-only: `health` (open to all, see the routing),
-/// `metrics` and `stats`.
-pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
     match *method {
         Method::GET | Method::HEAD => {}
         Method::PUT | Method::DELETE => return text(StatusCode::BAD_REQUEST, "keys under _larder/ are reserved\n"),
         _ => return method_not_allowed("GET, HEAD"),
     }
+    // Health is for load balancers, which may add what they like; every other endpoint reads
+    // its query string strictly (none of these takes one).
+    if what != b"health" && !matches!(what, b"series" | b"hot") {
+        if let Err(why) = window::params(query, &[]) {
+            return window::refuse(why);
+        }
+    }
     match what {
+        b"" | b"ui.js" | b"ui.css" => page::asset(what),
+        b"series" => window::series(app, query),
+        b"hot" => window::hot(app, query),
         b"health" => match app.store.get() {
             _ if app.stopping() => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
             Some(_) => text(StatusCode::OK, "ok\n"),
@@ -139,108 +133,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8]) -> Resp {
             let Some(s) = stats(app).await else {
                 return text(StatusCode::SERVICE_UNAVAILABLE, "recovering\n");
             };
-            let (bytes_in, bytes_out) =
-                (app.metrics.bytes_in.load(Ordering::Relaxed), app.metrics.bytes_out.load(Ordering::Relaxed));
-            let body = serde_json::json!({
-                "keys": s.keys,
-                "bytes_used": s.bytes_used,
-                "capacity_bytes": s.capacity_bytes,
-                "volumes": s.volumes,
-                "active_volume": s.active_volume,
-                "volume_size": s.volume_size,
-                "volume_count": s.volume_count,
-                "puts": s.puts,
-                "deletes": s.deletes,
-                "hits": s.hits,
-                "misses": s.misses,
-                "hit_ratio": ratio(s.hits, s.hits + s.misses),
-                "memory_hits": s.memory_hits,
-                "disk_hits": s.hits.saturating_sub(s.memory_hits),
-                "memory_hit_ratio": ratio(s.memory_hits, s.hits + s.misses),
-                "disk_hit_ratio": ratio(s.hits.saturating_sub(s.memory_hits), s.hits + s.misses),
-                "bytes_in": bytes_in,
-                "bytes_out": bytes_out,
-                "disk_reads": s.disk_reads,
-                "coalesced_reads": s.coalesced_reads,
-                "promotions": s.promotions,
-                "memory_capacity": s.memory_capacity,
-                "memory_bytes": s.memory_bytes,
-                "memory_logical_bytes": s.memory_logical_bytes,
-                "memory_value_bytes": s.memory_value_bytes,
-                "memory_entries": s.memory_entries,
-                "admission_tracked": s.admission_tracked,
-                "reinsert_candidates": s.reinsert_candidates,
-                "reinserted": s.reinserted,
-                "reinserted_bytes": s.reinserted_bytes,
-                "reinsert_over_budget": s.reinsert_over_budget,
-                "reinsert_skipped": s.reinsert_skipped,
-                "corrupt_reads": s.corrupt_reads,
-                "collision_reads": s.collision_reads,
-                "false_evictions": s.false_evictions,
-                "index_bytes": s.index_bytes,
-                "rotations": s.rotations,
-                "volumes_evicted": s.volumes_evicted,
-                "evicted_entries": s.evicted_entries,
-                "hints_written": s.hints_written,
-                "write_failures": s.write_failures,
-                "sync_failures": s.sync_failures,
-                "read_failures": s.read_failures,
-                "punched_bytes": s.punched_bytes,
-                "allocated_bytes": s.allocated_bytes,
-                "degraded": s.degraded,
-                "downtime_ms": s.recovery.down_ms,
-                "started_empty": s.recovery.started_empty,
-                "downtime_flushes": s.downtime_flushes,
-                "cas_refused": s.cas_refused,
-                "compression": serde_json::json!({
-                    "codec": app.settings.compression.codec.map_or("none", |c| c.name()),
-                    "level": app.settings.compression.codec.map(|_| app.settings.compression.level),
-                    "min_size": app.settings.compression.min_size,
-                    "coded_puts": s.coded_puts,
-                    "coded_logical_bytes": s.coded_logical_bytes,
-                    "coded_stored_bytes": s.coded_stored_bytes,
-                    "raw_probed": s.raw_probed,
-                    "raw_no_gain": s.raw_no_gain,
-                    "decode_failures": s.decode_failures,
-                    "dictionary": app.settings.compression.dictionary.map(|d| serde_json::json!({
-                        "depth": d.depth,
-                        "sample_bytes": d.sample_bytes,
-                        "max_value": d.max_value,
-                    })),
-                    "dictionaries": dictionaries(&s.dictionaries),
-                    "held": held(&s.held),
-                }),
-                "cluster": app.settings.cluster.as_ref().map(|c| serde_json::json!({
-                    "self": c.ring.nodes()[c.me].name,
-                    "hash": c.ring.placement().name(),
-                    "nodes": c.ring.nodes().iter().map(|n| serde_json::json!({"name": n.name, "weight": n.weight})).collect::<Vec<_>>(),
-                    "foreign_ttl_seconds": c.foreign_ttl.as_secs_f64(),
-                    "foreign_writes": s.capped_writes,
-                })),
-                "memcache": memcache_stats(crate::memcache::counters()),
-                "refusals": crate::guard::refusals_json(&app.policy),
-                "deadline_closes": crate::guard::lates_json(&app.policy),
-                "dirs": s.dirs.iter().map(|d| serde_json::json!({
-                    "path": d.path.display().to_string(),
-                    "id": d.id,
-                    "state": d.state.as_str(),
-                    "volumes": d.volumes,
-                    "bytes_used": d.bytes_used,
-                    "free_bytes": d.free_bytes,
-                })).collect::<Vec<_>>(),
-                "recovery": {
-                    "volumes": s.recovery.volumes,
-                    "discarded": s.recovery.discarded,
-                    "hint_loads": s.recovery.hint_loads,
-                    "checkpoint_loads": s.recovery.checkpoint_loads,
-                    "scans": s.recovery.scans,
-                    "tail_bytes_scanned": s.recovery.tail_bytes_scanned,
-                    "records": s.recovery.records,
-                    "skipped": s.recovery.skipped,
-                    "truncated_bytes": s.recovery.truncated_bytes,
-                    "millis": s.recovery.millis,
-                },
-            });
+            let body = stats::json(app, &s);
             let mut r = Response::new(Body::full(Bytes::from(body.to_string())));
             r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             r
@@ -293,40 +186,6 @@ pub fn recovery_status(p: &RecoveryProgress, elapsed: Duration) -> String {
         line.push_str(&format!(", about {left:.0} s left"));
     }
     line
-}
-
-/// What the ring holds, by how values are stored, as JSON.
-fn held(h: &larder_engine::HeldStats) -> serde_json::Value {
-    let t = |t: &larder_engine::Tally| serde_json::json!({"values": t.values, "logical_bytes": t.logical_bytes, "stored_bytes": t.stored_bytes});
-    serde_json::json!({
-        "raw": t(&h.raw),
-        "zstd": t(&h.zstd),
-        "zstd_dictionary": t(&h.zstd_dictionary),
-        "lz4": t(&h.lz4),
-        "volumes_unaccounted": h.volumes_unaccounted,
-        "bytes_unaccounted": h.bytes_unaccounted,
-    })
-}
-
-/// The dictionaries' part of the stats, as JSON.
-fn dictionaries(d: &larder_engine::DictionaryStats) -> serde_json::Value {
-    serde_json::json!({
-        "trained": d.trained,
-        "retrains": d.retrains,
-        "training_failures": d.training_failures,
-        "removed": d.removed,
-        "damaged_files": d.damaged_files,
-        "each": d.each.iter().map(|x| serde_json::json!({
-            "id": x.id,
-            "prefix": x.key_prefix,
-            "bytes": x.bytes,
-            "created_ms": x.created_ms,
-            "retired": x.retired,
-            "values": x.values,
-            "logical_bytes": x.logical_bytes,
-            "stored_bytes": x.stored_bytes,
-        })).collect::<Vec<_>>(),
-    })
 }
 
 #[cfg(test)]
