@@ -12,6 +12,9 @@
 #
 # DURATION=8s ROUNDS=5 KEYS=20000 SIZE=4096 WORKLOAD=get (or put: overwrites of the same keys).
 # PROTOCOL=memcache loads the memcached port (text get and set) instead of HTTP.
+# A_ARGS / B_ARGS: more serve arguments for A or B alone, to compare one build with itself
+# under two settings, e.g. request tracing off (A) and on (B):
+#   A_ARGS="--slow-request 0" bench/builds-ab.sh target/release/larder target/release/larder -- --promote-after 1
 # Servers pinned to core 1, the loader to core 0.
 set -euo pipefail
 A=$(realpath "${1:?usage: builds-ab.sh BINARY_A [BINARY_B] [-- larder serve args]}")
@@ -30,8 +33,10 @@ check=--check-length
 [ "$WORKLOAD" = get ] || check=
 cargo build --release -p larder-server -p larder-bench -q
 . bench/lib.sh
-start_larder a "$A" 18251 --memcache-listen 127.0.0.1:18351 "$@"
-start_larder b "$B" 18252 --memcache-listen 127.0.0.1:18352 "$@"
+# shellcheck disable=SC2086 # A_ARGS and B_ARGS are argument lists, split on purpose
+start_larder a "$A" 18251 --memcache-listen 127.0.0.1:18351 "$@" ${A_ARGS:-}
+# shellcheck disable=SC2086
+start_larder b "$B" 18252 --memcache-listen 127.0.0.1:18352 "$@" ${B_ARGS:-}
 for port in 18251 18252; do
   if [ "$PROTOCOL" = memcache ]; then
     for w in put get get; do
@@ -68,6 +73,7 @@ EOF2
 done
 label=""
 [ "$PROTOCOL" = memcache ] && label=" (memcached protocol)"
+[ -n "${A_ARGS:-}${B_ARGS:-}" ] && label="$label, A: \`${A_ARGS:-}\`, B: \`${B_ARGS:-}\`"
 python3 - "$results" "$*" "$WORKLOAD" "$SIZE" "$label" <<'EOF2'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]

@@ -10,6 +10,8 @@
 #   bench/instructions-ab.sh ../larder-a/target/release/larder -- --memory-capacity 0  # page cache
 #
 # REQUESTS=20000 KEYS=2000 SIZE=4096. Installs valgrind from Debian's packages if missing.
+# A_ARGS / B_ARGS: more serve arguments for A or B alone (one build under two settings), e.g.
+#   A_ARGS="--slow-request 0" bench/instructions-ab.sh target/release/larder target/release/larder -- --promote-after 1
 set -euo pipefail
 A=$(realpath "${1:?usage: instructions-ab.sh BINARY_A [BINARY_B] [-- larder serve args]}")
 shift
@@ -47,9 +49,13 @@ ir() {
   wait "$pid" 2>/dev/null || true
 }
 
-a=$(ir a "$A" 18261 "$@")
-b=$(ir b "$B" 18262 "$@")
-python3 - "$a" "$b" "$REQUESTS" "$*" <<'EOF'
+# shellcheck disable=SC2086 # A_ARGS and B_ARGS are argument lists, split on purpose
+a=$(ir a "$A" 18261 "$@" ${A_ARGS:-})
+# shellcheck disable=SC2086
+b=$(ir b "$B" 18262 "$@" ${B_ARGS:-})
+settings="$*"
+[ -n "${A_ARGS:-}${B_ARGS:-}" ] && settings="$settings; A: ${A_ARGS:-}; B: ${B_ARGS:-}"
+python3 - "$a" "$b" "$REQUESTS" "$settings" <<'EOF'
 import sys
 a, b, n = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 print(f"| GET 4 KiB, `{sys.argv[4] or 'defaults'}` | instructions / request |")

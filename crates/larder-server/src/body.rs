@@ -11,13 +11,12 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::StatusCode;
-use larder_engine::trace::{self, Step};
+use larder_engine::trace::{self, Instant, Step};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 /// Why a request body was not taken.
 pub enum BodyError {

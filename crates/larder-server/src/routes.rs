@@ -82,7 +82,7 @@ fn finish(app: &App, method: &Method, path: &str, started: Instant, resp: &Resp,
         tracing::info!(target: "larder::access", %method, path, status, bytes, micros = elapsed.as_micros() as u64);
     }
     if app.watch.slow.is_slow(elapsed) {
-        let (spans, dropped) = trace.map_or((Vec::new(), 0), |t| (t.spans().to_vec(), t.dropped()));
+        let (spans, dropped) = trace.as_ref().map_or((Vec::new(), 0), |t| (t.spans().to_vec(), t.dropped()));
         app.watch.slow.keep(SlowTrace {
             at_ms: larder_engine::now_ms(),
             door: if admin { "admin" } else { crate::watch::DOORS[door as usize] },
@@ -93,6 +93,9 @@ fn finish(app: &App, method: &Method, path: &str, started: Instant, resp: &Resp,
             spans,
             dropped,
         });
+    }
+    if let Some(t) = trace {
+        t.recycle();
     }
 }
 
@@ -145,7 +148,8 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
         let permission = match what {
             // The status page's own files: no figures in them (it asks for the token, if
             // one is set, before it reads any).
-            b"health" | b"" | b"ui.js" | b"ui.css" => Permission::Health,
+            b"health" => Permission::Health,
+            _ if admin::page::is_asset(what) => Permission::Health,
             b"purge" => Permission::Purge,
             b"flush" => Permission::Flush,
             _ => Permission::Admin,
@@ -237,7 +241,6 @@ fn admit(app: &App, door: Door, headers: &HeaderMap, what: Permission) -> Result
         // A credential in another scheme, or none in this one, is a wrong credential.
         bearer_of(Some(v)).unwrap_or(b"\0")
     });
-    let _policy = larder_engine::trace::span(larder_engine::trace::Step::Policy);
     let who = app.policy.identify(given);
     app.policy.admit(door, Session::PerRequest, who, what).map(|()| who)
 }

@@ -1,7 +1,7 @@
 //! The endpoints under `/_larder/`: health (with the recovery's progress while the store
 //! opens), Prometheus metrics, the JSON stats, and the fault injection of test builds.
 
-mod page;
+pub mod page;
 mod stats;
 mod window;
 
@@ -106,7 +106,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8], query: Optio
         }
     }
     match what {
-        b"" | b"ui.js" | b"ui.css" => page::asset(what),
+        _ if page::is_asset(what) => page::asset(what),
         b"series" => window::series(app, query),
         b"hot" => window::hot(app, query),
         b"health" => match app.store.get() {

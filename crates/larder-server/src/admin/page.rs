@@ -7,9 +7,20 @@ use bytes::Bytes;
 use hyper::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
 
-const INDEX: &str = include_str!("page/index.html");
-const SCRIPT: &str = include_str!("page/ui.js");
-const STYLE: &str = include_str!("page/ui.css");
+/// The page's files by their names under `/_larder/` (`""` is the page), and their types.
+const ASSETS: [(&[u8], &str, &str); 6] = [
+    (b"", include_str!("page/index.html"), "text/html; charset=utf-8"),
+    (b"ui.css", include_str!("page/ui.css"), "text/css; charset=utf-8"),
+    (b"ui.js", include_str!("page/ui.js"), "text/javascript; charset=utf-8"),
+    (b"fmt.js", include_str!("page/fmt.js"), "text/javascript; charset=utf-8"),
+    (b"charts.js", include_str!("page/charts.js"), "text/javascript; charset=utf-8"),
+    (b"panels.js", include_str!("page/panels.js"), "text/javascript; charset=utf-8"),
+];
+
+/// Whether `what` names one of the page's files (open to all: they hold no figures).
+pub fn is_asset(what: &[u8]) -> bool {
+    ASSETS.iter().any(|(name, ..)| *name == what)
+}
 
 /// Where the page may reach: this server, for its own files and figures; nothing else.
 const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
@@ -17,11 +28,8 @@ const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; i
 
 /// One of the page's files by its name under `/_larder/` (`""` is the page).
 pub fn asset(what: &[u8]) -> Resp {
-    let (body, kind) = match what {
-        b"" => (INDEX, "text/html; charset=utf-8"),
-        b"ui.js" => (SCRIPT, "text/javascript; charset=utf-8"),
-        b"ui.css" => (STYLE, "text/css; charset=utf-8"),
-        _ => return text(StatusCode::NOT_FOUND, "no such admin endpoint\n"),
+    let Some(&(_, body, kind)) = ASSETS.iter().find(|(name, ..)| *name == what) else {
+        return text(StatusCode::NOT_FOUND, "no such admin endpoint\n");
     };
     let mut r = Response::new(Body::full(Bytes::from_static(body.as_bytes())));
     let h = r.headers_mut();

@@ -301,9 +301,10 @@ fn point(app: &App, b: &Before, now: &Before, s: Option<&larder_engine::Stats>) 
             "hits_memory": memory as f64 / secs,
             "hits_disk": hits.saturating_sub(memory) as f64 / secs,
             "misses": misses as f64 / secs,
-            "hit_ratio": ratio(hits, reads),
-            "memory_hit_ratio": ratio(memory, reads),
-            "disk_hit_ratio": ratio(hits.saturating_sub(memory), reads),
+            // A second with no reads has no ratio (null), not a ratio of 0.
+            "hit_ratio": (reads > 0).then(|| ratio(hits, reads)),
+            "memory_hit_ratio": (reads > 0).then(|| ratio(memory, reads)),
+            "disk_hit_ratio": (reads > 0).then(|| ratio(hits.saturating_sub(memory), reads)),
             "puts": d(3) as f64 / secs,
             "deletes": d(4) as f64 / secs,
             "reinserted": d(5) as f64 / secs,

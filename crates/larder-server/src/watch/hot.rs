@@ -26,10 +26,13 @@ pub const LARGEST: usize = 10;
 /// Seconds over which counts halve.
 pub const HALF_LIFE_TICKS: u32 = 10;
 
-/// The most memory one door's sketch can hold: its counters with their keys at the longest,
-/// their hash map, and the largest values' list.
+/// The most memory one door's sketch can hold (about 266 KiB): its counters with their keys at
+/// the longest, their hash map, and the largest values' list.
 pub const MAX_BYTES: usize =
-    SHARDS * PER_SHARD * (std::mem::size_of::<Entry>() + KEY_MAX + 16) + LARGEST * (KEY_MAX + 32);
+    SHARDS * PER_SHARD * (std::mem::size_of::<Entry>() + KEY_MAX + MAP_ENTRY) + LARGEST * (KEY_MAX + 32);
+
+/// A counter's place in its sketch's hash map (hash and index, control byte, spare room).
+const MAP_ENTRY: usize = 24;
 
 struct Entry {
     key: Box<[u8]>,
@@ -182,7 +185,7 @@ impl Hot {
 
     /// Bytes the sketch holds now (at most [`MAX_BYTES`]).
     pub fn memory_bytes(&self) -> usize {
-        let per = std::mem::size_of::<Entry>() + 16;
+        let per = std::mem::size_of::<Entry>() + MAP_ENTRY;
         let shards: usize =
             self.shards.iter().map(|s| s.lock().entries.iter().map(|e| per + e.key.len()).sum::<usize>()).sum();
         shards + self.largest.lock().iter().map(|(_, k)| 32 + k.len()).sum::<usize>()
