@@ -94,12 +94,29 @@ pub struct Trace {
     dropped: u32,
 }
 
-static IDS: AtomicU64 = AtomicU64::new(1);
+/// Blocks of trace ids handed to threads: a thread takes one block once and numbers its
+/// traces from it, so starting a trace touches no line another core writes.
+static ID_BLOCKS: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     static CURRENT: RefCell<Option<Box<Trace>>> = const { RefCell::new(None) };
     /// A finished trace's memory, for this thread's next one.
     static SPARE: RefCell<Option<Box<Trace>>> = const { RefCell::new(None) };
+    /// This thread's next trace id (low half 0: it needs a block).
+    static NEXT_ID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn next_id() -> u64 {
+    NEXT_ID.with(|n| {
+        let mut id = n.get();
+        // No block yet, or this one used up: the next block (a block's first id is skipped,
+        // so no id is 0).
+        if id & 0xffff_ffff == 0 {
+            id = (ID_BLOCKS.fetch_add(1, Ordering::Relaxed) << 32) + 1;
+        }
+        n.set(id + 1);
+        id
+    })
 }
 
 impl Trace {
@@ -111,7 +128,7 @@ impl Trace {
     /// A trace whose time runs from `origin` (in the memory of this thread's last finished
     /// one, if it gave it back: see [`Trace::recycle`]).
     pub fn starting(origin: Instant) -> Box<Trace> {
-        let id = IDS.fetch_add(1, Ordering::Relaxed);
+        let id = next_id();
         match SPARE.with(|s| s.borrow_mut().take()) {
             Some(mut t) => {
                 (t.id, t.origin, t.depth, t.dropped) = (id, origin, 0, 0);

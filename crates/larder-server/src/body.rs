@@ -43,18 +43,19 @@ pub async fn read_body(
     let mut have = 0u64;
     let mut clock = BodyClock::new();
     // A traced request's waits for the client's bytes, as one span (the budget's waits
-    // between them are spans of their own).
-    let traced = trace::active();
-    let (mut first, mut waited) = (None, std::time::Duration::ZERO);
+    // between them are spans of their own), noted however the body ends.
+    let mut waits = Waits { traced: trace::active(), first: None, waited: std::time::Duration::ZERO, bytes: 0 };
     loop {
-        let asked = traced.then(Instant::now);
-        let Some(frame) = next_frame(app, &mut body, &mut clock).await? else { break };
+        let asked = waits.traced.then(Instant::now);
+        let frame = next_frame(app, &mut body, &mut clock).await;
         if let Some(t) = asked {
-            first.get_or_insert(t);
-            waited += t.elapsed();
+            waits.first.get_or_insert(t);
+            waits.waited += t.elapsed();
         }
+        let Some(frame) = frame? else { break };
         let Ok(data) = frame.map_err(BodyError::Broken)?.into_data() else { continue };
         have += data.len() as u64;
+        waits.bytes = have;
         if have > limit {
             return Err(BodyError::TooLarge);
         }
@@ -63,10 +64,23 @@ pub async fn read_body(
             parts.push(data);
         }
     }
-    if let Some(f) = first {
-        trace::record(Step::Body, f, f + waited, have);
-    }
     Ok(parts)
+}
+
+/// A body's waits for the client, noted in the request's trace when it is dropped.
+struct Waits {
+    traced: bool,
+    first: Option<Instant>,
+    waited: std::time::Duration,
+    bytes: u64,
+}
+
+impl Drop for Waits {
+    fn drop(&mut self) {
+        if let Some(f) = self.first {
+            trace::record(Step::Body, f, f + self.waited, self.bytes);
+        }
+    }
 }
 
 /// The body's next frame, if it comes before the body's deadline: what arrived must have kept

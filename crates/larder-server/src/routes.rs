@@ -81,11 +81,15 @@ fn finish(app: &App, method: &Method, path: &str, started: Instant, resp: &Resp,
         let bytes = hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0);
         tracing::info!(target: "larder::access", %method, path, status, bytes, micros = elapsed.as_micros() as u64);
     }
-    if app.watch.slow.is_slow(elapsed) {
+    if admin && app.watch.slow.is_slow(elapsed) {
+        // The operator's own requests (the page polls every second) keep no trace: they
+        // would push the traces of the requests being looked for out of the list.
+        tracing::warn!(%method, path, status, millis = elapsed.as_millis() as u64, "slow admin request");
+    } else if app.watch.slow.is_slow(elapsed) {
         let (spans, dropped) = trace.as_ref().map_or((Vec::new(), 0), |t| (t.spans().to_vec(), t.dropped()));
         app.watch.slow.keep(SlowTrace {
             at_ms: larder_engine::now_ms(),
-            door: if admin { "admin" } else { crate::watch::DOORS[door as usize] },
+            door: crate::watch::DOORS[door as usize],
             method: method.to_string(),
             key: shown(path.as_bytes()),
             status: status.to_string(),
@@ -152,6 +156,7 @@ async fn route(app: &Arc<App>, req: Request<Incoming>, held: Option<Held>) -> Re
             _ if admin::page::is_asset(what) => Permission::Health,
             b"purge" => Permission::Purge,
             b"flush" => Permission::Flush,
+            b"slow" if *req.method() == Method::POST => Permission::Tune,
             _ => Permission::Admin,
         };
         if let Err(r) = admit(app, Door::Admin, req.headers(), permission) {

@@ -115,7 +115,8 @@ fn the_threshold_changes_at_run_time() {
     let t = trace_of(&s, "/k2");
     check_spans(&t, "disk_read", 120.0);
     s.fault(None);
-    for bad in ["threshold=5m", "threshold=", "threshold=-1ms", "n=1", "threshold=1ms&threshold=2ms"] {
+    for bad in ["threshold=5m", "threshold=", "threshold=-1ms", "threshold=10us", "n=1", "threshold=1ms&threshold=2ms"]
+    {
         let r = c.request("POST", &format!("/_larder/slow?{bad}"), &[], b"");
         assert_eq!(r.status, 400, "{bad}");
     }
@@ -177,8 +178,8 @@ fn hot_keys_and_largest_values_per_door() {
     }
     for round in 0..2000 {
         c.get("/k3");
-        if round % 20 == 0 {
-            c.get(&format!("/k{}", round % 20));
+        if round % 5 == 0 {
+            c.get(&format!("/k{}", round / 5 % 20));
         }
     }
     c.get("/big");
@@ -190,9 +191,11 @@ fn hot_keys_and_largest_values_per_door() {
     let hot = json(&s, "/_larder/hot?n=3");
     let http = &hot["doors"]["http"];
     assert_eq!(http["keys"][0]["key"], "k3", "{hot:#}");
-    // Sampled one in eight at random: about 2,000 requests (a 400 error is over 3 sigma).
+    // Sampled one in eight at random: about 2,000 requests (a 400 error is over 3 sigma), or
+    // half as many if the counts halved (every 10 s) while the loop ran.
     let est = http["keys"][0]["requests"].as_u64().unwrap();
-    assert!((1600..=2400).contains(&est), "{hot:#}");
+    assert!((1600..=2400).contains(&est) || (800..=1200).contains(&est), "{hot:#}");
+    assert!(http["keys"][1]["requests"].as_u64().unwrap() < est / 4, "{hot:#}");
     assert_eq!(http["largest"][0], serde_json::json!({"key": "big", "bytes": 300_000}));
     assert_eq!(hot["doors"]["memcache"]["keys"][0]["key"], "mc-hot");
     let mem = hot["memory_bytes"].as_u64().unwrap();
@@ -280,6 +283,9 @@ fn the_window_passes_the_policy() {
         assert_eq!(c.get(path).status, 200, "{path} is readable under --read-only");
     }
     assert_eq!(c.put("/k", b"v").status, 403);
+    // Reading is all `--read-only` leaves: the threshold is not changed by a client.
+    assert_eq!(c.request("POST", "/_larder/slow?threshold=1ms", &[], b"").status, 403);
+    assert_eq!(json(&ro, "/_larder/slow")["threshold_ms"], 100.0);
 }
 
 fn top_once(args: &[&str]) -> String {

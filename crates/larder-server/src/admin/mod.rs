@@ -78,14 +78,6 @@ pub async fn faults(app: &App, req: Request<Incoming>) -> Resp {
     }
 }
 
-/// The store's figures, gathered on the blocking pool: they ask the file system for free
-/// space, which a failing disk can stall.
-async fn stats(app: &Arc<App>) -> Option<larder_engine::Stats> {
-    app.store.get()?;
-    let app = app.clone();
-    tokio::task::spawn_blocking(move || app.store.get().map(|s| s.stats())).await.ok().flatten()
-}
-
 /// The other admin endpoints: `health` (open to all, see the routing), `metrics`, `stats`,
 /// the status page (open too: its files hold no figures) and the window's `series`, `hot`
 /// and `slow` (whose POST sets the slow-request threshold).
@@ -118,7 +110,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8], query: Optio
             ),
         },
         b"metrics" => {
-            let stats = stats(app).await;
+            let stats = stats::gather(app).await;
             if let Some(p) = crate::proxy::state() {
                 crate::proxy::render_metrics(&p.counters);
             }
@@ -130,7 +122,7 @@ pub async fn endpoint(app: &Arc<App>, method: &Method, what: &[u8], query: Optio
             r
         }
         b"stats" => {
-            let Some(s) = stats(app).await else {
+            let Some(s) = stats::gather(app).await else {
                 return text(StatusCode::SERVICE_UNAVAILABLE, "recovering\n");
             };
             let body = stats::json(app, &s);

@@ -7,6 +7,14 @@ use larder_engine::Stats;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// The store's figures, gathered on the blocking pool: they ask the file system for free
+/// space, which a failing disk can stall.
+pub async fn gather(app: &Arc<App>) -> Option<larder_engine::Stats> {
+    app.store.get()?;
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || app.store.get().map(|s| s.stats())).await.ok().flatten()
+}
+
 /// The stats as JSON.
 pub fn json(app: &Arc<App>, s: &Stats) -> serde_json::Value {
     let (bytes_in, bytes_out) =

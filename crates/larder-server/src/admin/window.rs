@@ -3,7 +3,7 @@
 //! `/_larder/hot`, `/_larder/slow` (whose POST changes the slow-request threshold), and the
 //! strict reading of their query strings: anything they do not name is a 400.
 
-use super::stats::{door_outcomes, ratio};
+use super::stats::{door_outcomes, gather, ratio};
 use crate::app::App;
 use crate::reply::{method_not_allowed, text, text_owned, Resp};
 use crate::watch::latency::{quantile, BUCKETS};
@@ -118,8 +118,9 @@ pub fn hot(app: &App, query: Option<&str>) -> Resp {
         },
     };
     let mut out = serde_json::Map::new();
-    let mut memory = 0;
+    let (mut memory, mut shown) = (0, 0);
     for d in doors.into_iter().filter(|d| only.is_none_or(|o| o == *d)) {
+        shown += 1;
         let h = app.watch.hot(d);
         memory += h.memory_bytes();
         out.insert(
@@ -139,7 +140,7 @@ pub fn hot(app: &App, query: Option<&str>) -> Resp {
         "sample_every": hot::SAMPLE_EVERY,
         "half_life_seconds": hot::HALF_LIFE_TICKS,
         "memory_bytes": memory,
-        "max_memory_bytes": hot::MAX_BYTES * doors.len(),
+        "max_memory_bytes": hot::MAX_BYTES * shown,
         "doors": out,
     }))
 }
@@ -187,7 +188,8 @@ pub fn slow(app: &App, method: &Method, query: Option<&str>) -> Resp {
     }
 }
 
-/// `0`, or a number followed by `us`, `ms` or `s`, at most an hour.
+/// `0`, or a number followed by `us`, `ms` or `s`, from 1 ms to an hour: a lower threshold
+/// would make every request a slow one.
 fn parse_threshold(t: &str) -> Option<Duration> {
     if t == "0" {
         return Some(Duration::ZERO);
@@ -200,7 +202,7 @@ fn parse_threshold(t: &str) -> Option<Duration> {
         "s" => n,
         _ => return None,
     };
-    (secs <= 3600.0).then(|| Duration::from_secs_f64(secs))
+    (0.001..=3600.0).contains(&secs).then(|| Duration::from_secs_f64(secs))
 }
 
 fn shown_duration(d: Duration) -> String {
@@ -228,7 +230,7 @@ pub async fn sampler(app: Arc<App>) {
     let mut before: Option<Before> = None;
     loop {
         tick.tick().await;
-        let stats = super::stats(&app).await;
+        let stats = gather(&app).await;
         let now = snapshot(&app, stats.as_ref());
         if let Some(b) = &before {
             app.watch.push_point(point(&app, b, &now, stats.as_ref()));
@@ -357,8 +359,8 @@ mod tests {
         assert_eq!(parse_threshold("0"), Some(Duration::ZERO));
         assert_eq!(parse_threshold("250ms"), Some(Duration::from_millis(250)));
         assert_eq!(parse_threshold("1.5s"), Some(Duration::from_millis(1500)));
-        assert_eq!(parse_threshold("200us"), Some(Duration::from_micros(200)));
-        for bad in ["", "ms", "5", "5m", "2h", "7200s", "-1ms", "1e3ms", "NaNs"] {
+        assert_eq!(parse_threshold("1500us"), Some(Duration::from_micros(1500)));
+        for bad in ["", "ms", "5", "5m", "2h", "7200s", "-1ms", "1e3ms", "NaNs", "200us", "0.5ms", "0ms"] {
             assert_eq!(parse_threshold(bad), None, "{bad}");
         }
     }

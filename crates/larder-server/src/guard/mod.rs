@@ -46,6 +46,9 @@ pub enum Permission {
     Purge,
     /// Stats, metrics, fault injection.
     Admin,
+    /// Change a setting at run time (the slow-request threshold): refused by `--read-only`,
+    /// which promises that no client changes what the server does.
+    Tune,
 }
 
 impl Permission {
@@ -53,7 +56,12 @@ impl Permission {
     fn changes_data(self) -> bool {
         matches!(
             self,
-            Permission::Write | Permission::Delete | Permission::Flush | Permission::Forward | Permission::Purge
+            Permission::Write
+                | Permission::Delete
+                | Permission::Flush
+                | Permission::Forward
+                | Permission::Purge
+                | Permission::Tune
         )
     }
 }
@@ -241,7 +249,7 @@ impl Policy {
     /// | Health | open | open |
     /// | Read | open | open per request without `--auth-reads`; else the token |
     /// | Admin | open | the token |
-    /// | Write, Delete, Flush, Forward, Purge | open unless `--read-only` | the token, and not `--read-only` |
+    /// | Write, Delete, Flush, Forward, Purge, Tune | open unless `--read-only` | the token, and not `--read-only` |
     ///
     /// On a per-connection door, everything but Health needs the token when one is set.
     pub fn admit(&self, door: Door, session: Session, who: Identity, what: Permission) -> Result<(), Refusal> {

@@ -24,7 +24,8 @@ use larder_engine::{ErrorKind, Part, Store};
 pub async fn run_watched(c: &mut Conn, store: &Store, req: Request<'_>, reply: Reply) -> Result<(), End> {
     let started = std::time::Instant::now();
     let mut trace = c.app.watch.slow.start();
-    let (name, key) = (req.name(), crate::watch::slow::shown(req.key()));
+    // The key as text only for a traced command (the one that may be kept).
+    let (name, key) = (req.name(), trace.is_some().then(|| crate::watch::slow::shown(req.key())));
     let r = larder_engine::trace::Traced::new(run(c, store, req, reply), &mut trace).await;
     let elapsed = started.elapsed();
     c.app.watch.memcache(elapsed);
@@ -34,7 +35,7 @@ pub async fn run_watched(c: &mut Conn, store: &Store, req: Request<'_>, reply: R
             at_ms: larder_engine::now_ms(),
             door: if reply.binary() { "memcache_binary" } else { "memcache_text" },
             method: String::from_utf8_lossy(name).into_owned(),
-            key,
+            key: key.unwrap_or_default(),
             status: if r.is_ok() { "answered" } else { "closed" }.to_string(),
             total: elapsed,
             spans,

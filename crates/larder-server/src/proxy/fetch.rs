@@ -140,9 +140,12 @@ pub(super) async fn after_flight(
 ) -> Resp {
     let p = state().expect("read-through mode");
     let deadline = Instant::now() + p.lock_timeout;
+    // Waiting on another request's fetch of the same key.
+    let wait = larder_engine::trace::span(Step::Coalesced);
     while p.flights.busy(&key) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    drop(wait);
     let store = app.store.get().expect("store is ready");
     let (req_cc, pragma) = (Directives::of(req.headers()), policy::pragma_no_cache(req.headers()));
     if let Some(found) = judge(app, store, &req, &uri, &key, &req_cc, pragma).await {

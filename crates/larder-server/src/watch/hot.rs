@@ -29,7 +29,7 @@ pub const HALF_LIFE_TICKS: u32 = 10;
 /// The most memory one door's sketch can hold (about 266 KiB): its counters with their keys at
 /// the longest, their hash map, and the largest values' list.
 pub const MAX_BYTES: usize =
-    SHARDS * PER_SHARD * (std::mem::size_of::<Entry>() + KEY_MAX + MAP_ENTRY) + LARGEST * (KEY_MAX + 32);
+    SHARDS * PER_SHARD * (std::mem::size_of::<Entry>() + KEY_MAX + MAP_ENTRY) + LARGEST * (KEY_MAX + 40);
 
 /// A counter's place in its sketch's hash map (hash and index, control byte, spare room).
 const MAP_ENTRY: usize = 24;
@@ -39,6 +39,8 @@ struct Entry {
     hash: u64,
     count: u64,
     error: u64,
+    /// The key was longer than [`KEY_MAX`].
+    cut: bool,
 }
 
 #[derive(Default)]
@@ -53,17 +55,18 @@ impl Shard {
             self.entries[i].count += 1;
             return;
         }
+        let cut = key.len() > KEY_MAX;
         let key: Box<[u8]> = key[..key.len().min(KEY_MAX)].into();
         if self.entries.len() < PER_SHARD {
             self.at.insert(hash, self.entries.len());
-            self.entries.push(Entry { key, hash, count: 1, error: 0 });
+            self.entries.push(Entry { key, hash, count: 1, error: 0, cut });
             return;
         }
         let (i, min) =
             self.entries.iter().enumerate().map(|(i, e)| (i, e.count)).min_by_key(|&(_, c)| c).unwrap_or((0, 0));
         let e = &mut self.entries[i];
         self.at.remove(&e.hash);
-        *e = Entry { key, hash, count: min + 1, error: min };
+        *e = Entry { key, hash, count: min + 1, error: min, cut };
         self.at.insert(hash, i);
     }
 
@@ -72,13 +75,19 @@ impl Shard {
     }
 }
 
+/// One of the largest values served: its size, its key (cut) and the key's hash.
+type Large = (u64, Box<[u8]>, u64);
+
 /// A door's sketch.
 pub struct Hot {
     shards: [Mutex<Shard>; SHARDS],
-    largest: Mutex<Vec<(u64, Box<[u8]>)>>,
+    largest: Mutex<Vec<Large>>,
     /// The smallest of the largest values kept, once the list is full: most values are
     /// turned away by this one load.
     floor: AtomicU64,
+    /// The hashes of the keys listed, and their sizes: a hot key among the largest is found
+    /// here and never takes the lock.
+    listed: [(AtomicU64, AtomicU64); LARGEST],
     ticks: AtomicU64,
 }
 
@@ -116,8 +125,14 @@ pub fn sampled() -> bool {
     })
 }
 
+/// Keys are told apart by a 64-bit hash seeded at random when the process starts, so that
+/// no client can choose keys that merge with another's count.
 fn hash_of(key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(key)
+    static SEED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+        use std::hash::BuildHasher;
+        std::collections::hash_map::RandomState::new().hash_one(0u64)
+    });
+    xxhash_rust::xxh3::xxh3_64_with_seed(key, *SEED)
 }
 
 impl Default for Hot {
@@ -126,6 +141,7 @@ impl Default for Hot {
             shards: std::array::from_fn(|_| Mutex::new(Shard::default())),
             largest: Mutex::new(Vec::with_capacity(LARGEST + 1)),
             floor: AtomicU64::new(0),
+            listed: std::array::from_fn(|_| (AtomicU64::new(0), AtomicU64::new(0))),
             ticks: AtomicU64::new(0),
         }
     }
@@ -141,23 +157,34 @@ impl Hot {
     /// A value of `bytes` was served for `key`: kept if among the largest.
     #[inline]
     pub fn served(&self, key: &[u8], bytes: u64) {
-        if bytes > self.floor.load(Ordering::Relaxed) {
-            self.served_large(key, bytes);
+        if bytes <= self.floor.load(Ordering::Relaxed) {
+            return;
+        }
+        let hash = hash_of(key);
+        let known =
+            self.listed.iter().any(|(h, b)| h.load(Ordering::Relaxed) == hash && b.load(Ordering::Relaxed) >= bytes);
+        if !known {
+            self.served_large(key, hash, bytes);
         }
     }
 
     #[cold]
-    fn served_large(&self, key: &[u8], bytes: u64) {
+    fn served_large(&self, key: &[u8], hash: u64, bytes: u64) {
         let key = &key[..key.len().min(KEY_MAX)];
         let mut l = self.largest.lock();
-        match l.iter_mut().find(|(_, k)| &**k == key) {
+        match l.iter_mut().find(|(_, _, h)| *h == hash) {
             Some(e) => e.0 = e.0.max(bytes),
-            None => l.push((bytes, key.into())),
+            None => l.push((bytes, key.into(), hash)),
         }
         l.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
         l.truncate(LARGEST);
         if l.len() == LARGEST {
             self.floor.store(l[LARGEST - 1].0, Ordering::Relaxed);
+        }
+        for (i, (h, b)) in self.listed.iter().enumerate() {
+            let (size, hash) = l.get(i).map_or((0, 0), |(size, _, h)| (*size, *h));
+            h.store(hash, Ordering::Relaxed);
+            b.store(size, Ordering::Relaxed);
         }
     }
 
@@ -170,7 +197,7 @@ impl Hot {
                 key: e.key.to_vec(),
                 requests: e.count * SAMPLE_EVERY as u64,
                 error: e.error * SAMPLE_EVERY as u64,
-                cut: e.key.len() == KEY_MAX,
+                cut: e.cut,
             }));
         }
         all.sort_unstable_by(|a, b| b.requests.cmp(&a.requests).then_with(|| a.key.cmp(&b.key)));
@@ -180,7 +207,7 @@ impl Hot {
 
     /// The largest values served, largest first.
     pub fn largest(&self) -> Vec<(Vec<u8>, u64)> {
-        self.largest.lock().iter().map(|(b, k)| (k.to_vec(), *b)).collect()
+        self.largest.lock().iter().map(|(b, k, _)| (k.to_vec(), *b)).collect()
     }
 
     /// Bytes the sketch holds now (at most [`MAX_BYTES`]).
@@ -188,7 +215,7 @@ impl Hot {
         let per = std::mem::size_of::<Entry>() + MAP_ENTRY;
         let shards: usize =
             self.shards.iter().map(|s| s.lock().entries.iter().map(|e| per + e.key.len()).sum::<usize>()).sum();
-        shards + self.largest.lock().iter().map(|(_, k)| 32 + k.len()).sum::<usize>()
+        shards + self.largest.lock().iter().map(|(_, k, _)| 40 + k.len()).sum::<usize>()
     }
 
     /// A second passed: every [`HALF_LIFE_TICKS`] of them the counts halve.
@@ -226,7 +253,7 @@ mod tests {
         }
     }
 
-    /// xorshift64*: deterministic, so the test is too.
+    /// xorshift64*: the workload is the same on every run (which requests are sampled is not).
     fn uniform(state: &mut u64) -> f64 {
         *state ^= *state >> 12;
         *state ^= *state << 25;

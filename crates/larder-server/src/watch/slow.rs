@@ -41,7 +41,15 @@ pub struct Slow {
     threshold_ns: AtomicU64,
     kept: Mutex<VecDeque<SlowTrace>>,
     total: AtomicU64,
+    /// The second (since the Unix epoch) of the last warning lines, and how many were written
+    /// in it: at most [`LOG_PER_SECOND`] a second, the rest counted in the next line.
+    log_second: AtomicU64,
+    logged: AtomicU64,
+    unlogged: AtomicU64,
 }
+
+/// Warning lines for slow requests written a second at most (they are all kept and counted).
+pub const LOG_PER_SECOND: u64 = 10;
 
 impl Slow {
     /// Traces kept for requests slower than `threshold` (zero: none, and none traced).
@@ -50,6 +58,9 @@ impl Slow {
             threshold_ns: AtomicU64::new(threshold.as_nanos() as u64),
             kept: Mutex::new(VecDeque::with_capacity(KEEP)),
             total: AtomicU64::new(0),
+            log_second: AtomicU64::new(0),
+            logged: AtomicU64::new(0),
+            unlogged: AtomicU64::new(0),
         }
     }
 
@@ -78,21 +89,35 @@ impl Slow {
 
     /// Keeps a slow request's trace, and logs it.
     pub fn keep(&self, s: SlowTrace) {
-        tracing::warn!(
-            door = s.door,
-            method = %s.method,
-            key = %s.key,
-            status = %s.status,
-            millis = s.total.as_millis() as u64,
-            spans = %breakdown(&s),
-            "slow request"
-        );
+        if self.may_log(s.at_ms / 1000) {
+            tracing::warn!(
+                door = s.door,
+                method = %s.method,
+                key = %s.key,
+                status = %s.status,
+                millis = s.total.as_millis() as u64,
+                spans = %breakdown(&s),
+                not_logged_before = self.unlogged.swap(0, Ordering::Relaxed),
+                "slow request"
+            );
+        } else {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+        }
         self.total.fetch_add(1, Ordering::Relaxed);
         let mut k = self.kept.lock();
         if k.len() == KEEP {
             k.pop_front();
         }
         k.push_back(s);
+    }
+
+    /// Whether a warning line may be written in `second` (a threshold set too low must not
+    /// flood the log).
+    fn may_log(&self, second: u64) -> bool {
+        if self.log_second.swap(second, Ordering::Relaxed) != second {
+            self.logged.store(0, Ordering::Relaxed);
+        }
+        self.logged.fetch_add(1, Ordering::Relaxed) < LOG_PER_SECOND
     }
 
     /// The last `n` kept traces, newest first.

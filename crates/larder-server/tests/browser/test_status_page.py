@@ -44,8 +44,10 @@ def test_live_page_under_load(browser: Browser, make_server: Any, kit: Any) -> N
     began = time.monotonic()
     try:
         open_page(browser, server)
+        opened = time.monotonic()
         wait_for("body data-ready=1", lambda: browser.ready() == "1", 5)
-        wait_for("a non-zero #rate-total", lambda: rate(browser) > 0, 5)
+        # within 5 s of the page's load, not 5 s more
+        wait_for("a non-zero #rate-total", lambda: rate(browser) > 0, max(0.1, 5 - (time.monotonic() - opened)))
         # charts with several seconds in them before the picture
         time.sleep(max(0.0, 8 - (time.monotonic() - began)))
         assert load.error is None, load.error
@@ -86,8 +88,10 @@ def test_page_follows_a_restart(browser: Browser, make_server: Any, kit: Any) ->
     server = make_server()
     with Load(server) as load:
         open_page(browser, server)
+        opened = time.monotonic()
         wait_for("body data-ready=1", lambda: browser.ready() == "1", 5)
-        wait_for("a non-zero #rate-total", lambda: rate(browser) > 0, 5)
+        # within 5 s of the page's load, not 5 s more
+        wait_for("a non-zero #rate-total", lambda: rate(browser) > 0, max(0.1, 5 - (time.monotonic() - opened)))
         assert load.error is None, load.error
     browser.js("window.__larderSamePage = 1;")
     first_run = browser.js("return document.body.dataset.started;")
