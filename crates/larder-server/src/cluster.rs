@@ -272,11 +272,15 @@ mod tests {
                 count[ring.owner(format!("key-{i}").as_bytes())] += 1;
             }
             assert!(count.iter().all(|&c| (7_000..13_000).contains(&c)), "{placement:?}: {count:?}");
-            // The share the status page shows is the share of keys a node owns.
+            // The share the status page shows is the share of the hash space a node owns: the
+            // share of keys, as far as the key hash spreads them evenly. twemproxy's 32-bit
+            // FNV-1a spreads keys this alike less evenly than CRC32 or MD5.
             let shares: Vec<f64> = (0..3).map(|n| ring.share(n)).collect();
             assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{shares:?}");
+            let within = if placement == Placement::KetamaFnv1a64 { 0.05 } else { 0.02 };
             for (n, &c) in count.iter().enumerate() {
-                assert!((shares[n] - c as f64 / 30_000.0).abs() < 0.02, "{placement:?}: {shares:?} against {count:?}");
+                let off = (shares[n] - c as f64 / 30_000.0).abs();
+                assert!(off < within, "{placement:?}: {shares:?} against {count:?}");
             }
         }
     }
