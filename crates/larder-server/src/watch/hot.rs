@@ -26,7 +26,7 @@ pub const LARGEST: usize = 10;
 /// Seconds over which counts halve.
 pub const HALF_LIFE_TICKS: u32 = 10;
 
-/// The most memory one door's sketch can hold (about 266 KiB): its counters with their keys at
+/// The most memory one door's sketch can hold (280,928 bytes): its counters with their keys at
 /// the longest, their hash map, and the largest values' list.
 pub const MAX_BYTES: usize =
     SHARDS * PER_SHARD * (std::mem::size_of::<Entry>() + KEY_MAX + MAP_ENTRY) + LARGEST * (KEY_MAX + 40);
