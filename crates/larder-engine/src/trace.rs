@@ -6,15 +6,50 @@
 //! call that moves to another thread takes a [`Handoff`] and brings its spans back.
 //!
 //! With no current trace a span is one thread-local check: no clock is read. With one, the
-//! clock is the TSC through quanta (a few nanoseconds, not a system call's path), and a
-//! finished trace's memory is kept by its thread for the next request.
+//! clock is quanta's source read raw (the TSC where it is steady: a few instructions, no
+//! system call) and scaled only when a span ends, and a finished trace's memory is kept by
+//! its thread for the next request.
 
-pub use quanta::Instant;
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// A reading of the trace clock. A request's start is one too, so that its trace and its
+/// elapsed time share one reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Instant(u64);
+
+/// quanta's clock, calibrated once; `raw` skips the thread-local override check and the
+/// scaling its `Instant::now` pays on every reading.
+static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
+
+fn clock() -> &'static quanta::Clock {
+    CLOCK.get_or_init(quanta::Clock::new)
+}
+
+impl Instant {
+    /// Now.
+    #[inline]
+    pub fn now() -> Instant {
+        Instant(clock().raw())
+    }
+
+    /// The time from `earlier` to this (zero if `earlier` is later).
+    #[inline]
+    pub fn saturating_duration_since(self, earlier: Instant) -> Duration {
+        Duration::from_nanos(clock().delta_as_nanos(earlier.0, self.0))
+    }
+
+    /// The time since this.
+    #[inline]
+    pub fn elapsed(self) -> Duration {
+        Instant::now().saturating_duration_since(self)
+    }
+}
 
 /// Where a request spent a span of its time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,25 +133,42 @@ pub struct Trace {
 /// traces from it, so starting a trace touches no line another core writes.
 static ID_BLOCKS: AtomicU64 = AtomicU64::new(1);
 
-thread_local! {
-    static CURRENT: RefCell<Option<Box<Trace>>> = const { RefCell::new(None) };
+/// A thread's tracing state, in one thread-local (one lookup where three were).
+struct Local {
+    /// The trace of the request being polled here.
+    current: Option<Box<Trace>>,
     /// A finished trace's memory, for this thread's next one.
-    static SPARE: RefCell<Option<Box<Trace>>> = const { RefCell::new(None) };
+    spare: Option<Box<Trace>>,
     /// This thread's next trace id (low half 0: it needs a block).
-    static NEXT_ID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    next_id: u64,
 }
 
-fn next_id() -> u64 {
-    NEXT_ID.with(|n| {
-        let mut id = n.get();
+thread_local! {
+    static LOCAL: RefCell<Local> = const { RefCell::new(Local { current: None, spare: None, next_id: 0 }) };
+}
+
+impl Local {
+    fn next_id(&mut self) -> u64 {
         // No block yet, or this one used up: the next block (a block's first id is skipped,
         // so no id is 0).
-        if id & 0xffff_ffff == 0 {
-            id = (ID_BLOCKS.fetch_add(1, Ordering::Relaxed) << 32) + 1;
+        if self.next_id & 0xffff_ffff == 0 {
+            self.next_id = (ID_BLOCKS.fetch_add(1, Ordering::Relaxed) << 32) + 1;
         }
-        n.set(id + 1);
-        id
-    })
+        self.next_id += 1;
+        self.next_id - 1
+    }
+
+    /// A trace for `id`, in the spare's memory if there is one.
+    fn trace(&mut self, id: u64, origin: Instant, depth: u8) -> Box<Trace> {
+        match self.spare.take() {
+            Some(mut t) => {
+                (t.id, t.origin, t.depth, t.dropped) = (id, origin, depth, 0);
+                t.spans.clear();
+                t
+            }
+            None => Box::new(Trace { id, origin, depth, spans: Vec::with_capacity(MAX_SPANS), dropped: 0 }),
+        }
+    }
 }
 
 impl Trace {
@@ -128,20 +180,16 @@ impl Trace {
     /// A trace whose time runs from `origin` (in the memory of this thread's last finished
     /// one, if it gave it back: see [`Trace::recycle`]).
     pub fn starting(origin: Instant) -> Box<Trace> {
-        let id = next_id();
-        match SPARE.with(|s| s.borrow_mut().take()) {
-            Some(mut t) => {
-                (t.id, t.origin, t.depth, t.dropped) = (id, origin, 0, 0);
-                t.spans.clear();
-                t
-            }
-            None => Box::new(Trace { id, origin, depth: 0, spans: Vec::with_capacity(MAX_SPANS), dropped: 0 }),
-        }
+        LOCAL.with(|l| {
+            let l = &mut *l.borrow_mut();
+            let id = l.next_id();
+            l.trace(id, origin, 0)
+        })
     }
 
     /// Gives a finished trace's memory back to this thread, for its next request.
     pub fn recycle(self: Box<Trace>) {
-        SPARE.with(|s| *s.borrow_mut() = Some(self));
+        LOCAL.with(|l| l.borrow_mut().spare = Some(self));
     }
 
     /// When the trace's time starts.
@@ -167,9 +215,17 @@ impl Trace {
         }
     }
 
-    fn since(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.origin).as_nanos() as u64
+    /// Notes a span from `start` to `end`.
+    fn note(&mut self, step: Step, depth: u8, start: Instant, end: Instant, bytes: u64) {
+        let start_ns = start.saturating_duration_since(self.origin).as_nanos() as u64;
+        let dur_ns = end.saturating_duration_since(start).as_nanos() as u64;
+        self.push(Span { step, depth, start_ns, dur_ns, bytes });
     }
+}
+
+/// Swaps `trace` with this thread's current one.
+fn swap_current(trace: Option<Box<Trace>>) -> Option<Box<Trace>> {
+    LOCAL.with(|l| std::mem::replace(&mut l.borrow_mut().current, trace))
 }
 
 /// Runs `f` with `trace` as this thread's current trace (if any), then takes it back.
@@ -180,38 +236,48 @@ pub fn within<R>(trace: &mut Option<Box<Trace>>, f: impl FnOnce() -> R) -> R {
     struct Back<'a>(&'a mut Option<Box<Trace>>, Option<Box<Trace>>);
     impl Drop for Back<'_> {
         fn drop(&mut self) {
-            *self.0 = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), self.1.take()));
+            *self.0 = swap_current(self.1.take());
         }
     }
-    let before = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), trace.take()));
+    let before = swap_current(trace.take());
     let _back = Back(trace, before);
     f()
 }
 
 /// Whether this thread has a current trace.
 pub fn active() -> bool {
-    CURRENT.with(|c| c.borrow().is_some())
+    LOCAL.with(|l| l.borrow().current.is_some())
 }
 
 /// Opens a span of `step` in the current trace; it ends when the guard is dropped.
 #[inline]
 pub fn span(step: Step) -> Open {
-    Open(CURRENT.with(|c| {
-        let mut c = c.borrow_mut();
-        let t = c.as_mut()?;
+    Open(LOCAL.with(|l| {
+        let mut l = l.borrow_mut();
+        let t = l.current.as_mut()?;
         let depth = t.depth;
         t.depth = t.depth.saturating_add(1);
         Some(Opened { id: t.id, step, depth, start: Instant::now(), bytes: 0 })
     }))
 }
 
-/// Notes a span of `step` that ran from `start` to `end`, at the current depth.
-pub fn record(step: Step, start: Instant, end: Instant, bytes: u64) {
-    CURRENT.with(|c| {
-        if let Some(t) = c.borrow_mut().as_mut() {
-            let (start_ns, end_ns) = (t.since(start), t.since(end));
+/// Notes a span of `step` that ran from `start` for `dur`, at the current depth.
+pub fn record(step: Step, start: Instant, dur: Duration, bytes: u64) {
+    LOCAL.with(|l| {
+        if let Some(t) = l.borrow_mut().current.as_mut() {
+            let start_ns = start.saturating_duration_since(t.origin).as_nanos() as u64;
             let depth = t.depth;
-            t.push(Span { step, depth, start_ns, dur_ns: end_ns.saturating_sub(start_ns), bytes });
+            t.push(Span { step, depth, start_ns, dur_ns: dur.as_nanos() as u64, bytes });
+        }
+    })
+}
+
+/// Notes a span of `step` from `start` to `end`, at the current depth.
+fn record_until(step: Step, start: Instant, end: Instant) {
+    LOCAL.with(|l| {
+        if let Some(t) = l.borrow_mut().current.as_mut() {
+            let depth = t.depth;
+            t.note(step, depth, start, end, 0);
         }
     })
 }
@@ -241,19 +307,12 @@ impl Drop for Open {
     fn drop(&mut self) {
         let Some(o) = self.0.take() else { return };
         let end = Instant::now();
-        CURRENT.with(|c| {
+        LOCAL.with(|l| {
             // Ended in its own trace only: a span dropped with a cancelled request, outside
             // its polls, is lost rather than noted in another request's trace.
-            if let Some(t) = c.borrow_mut().as_mut().filter(|t| t.id == o.id) {
+            if let Some(t) = l.borrow_mut().current.as_mut().filter(|t| t.id == o.id) {
                 t.depth = o.depth;
-                let start_ns = t.since(o.start);
-                t.push(Span {
-                    step: o.step,
-                    depth: o.depth,
-                    start_ns,
-                    dur_ns: t.since(end).saturating_sub(start_ns),
-                    bytes: o.bytes,
-                });
+                t.note(o.step, o.depth, o.start, end, o.bytes);
             }
         })
     }
@@ -268,37 +327,53 @@ pub struct Handoff {
     sent: Instant,
 }
 
-/// What a handed-off call noted, and when it ended.
+/// Spans a handed-off call brings back (a read: its queue, index, disk and a coalesced wait);
+/// more are counted as dropped.
+const BROUGHT: usize = 8;
+
+/// What a handed-off call noted, and when it ended: held inline, so that a call on the pool
+/// allocates nothing for its trace.
 pub struct Brought {
-    spans: Vec<Span>,
+    spans: [Span; BROUGHT],
+    len: u8,
     dropped: u32,
     ended: Instant,
 }
 
 /// A handoff of the current trace, if there is one (the blocking pool's queue is timed from now).
 pub fn handoff() -> Option<Handoff> {
-    CURRENT.with(|c| {
-        c.borrow().as_ref().map(|t| Handoff { id: t.id, origin: t.origin, depth: t.depth, sent: Instant::now() })
+    LOCAL.with(|l| {
+        l.borrow().current.as_ref().map(|t| Handoff {
+            id: t.id,
+            origin: t.origin,
+            depth: t.depth,
+            sent: Instant::now(),
+        })
     })
 }
 
 impl Handoff {
-    /// Runs `f` on this thread in a trace of its own that shares the request's clock; the
-    /// wait since the handoff is a [`Step::Queue`] span.
+    /// Runs `f` on this thread in a trace of its own (in this thread's spare memory) that
+    /// shares the request's clock; the wait since the handoff is a [`Step::Queue`] span.
     pub fn run<R>(self, f: impl FnOnce() -> R) -> (R, Brought) {
-        let mut t = Some(Box::new(Trace {
-            id: self.id,
-            origin: self.origin,
-            depth: self.depth,
-            spans: Vec::with_capacity(4),
-            dropped: 0,
-        }));
+        let mut t = Some(LOCAL.with(|l| l.borrow_mut().trace(self.id, self.origin, self.depth)));
         let r = within(&mut t, || {
-            record(Step::Queue, self.sent, Instant::now(), 0);
+            record_until(Step::Queue, self.sent, Instant::now());
             f()
         });
         let t = t.expect("within gives the trace back");
-        (r, Brought { spans: t.spans, dropped: t.dropped, ended: Instant::now() })
+        let empty = Span { step: Step::Send, depth: 0, start_ns: 0, dur_ns: 0, bytes: 0 };
+        let mut brought = Brought { spans: [empty; BROUGHT], len: 0, dropped: t.dropped, ended: Instant::now() };
+        for s in t.spans() {
+            if usize::from(brought.len) < BROUGHT {
+                brought.spans[usize::from(brought.len)] = *s;
+                brought.len += 1;
+            } else {
+                brought.dropped += 1;
+            }
+        }
+        t.recycle();
+        (r, brought)
     }
 }
 
@@ -306,13 +381,15 @@ impl Brought {
     /// Adds the spans to the current trace, and the wait since the call ended as a
     /// [`Step::Wake`] span.
     pub fn bring(self) {
-        CURRENT.with(|c| {
-            if let Some(t) = c.borrow_mut().as_mut() {
+        let now = Instant::now();
+        LOCAL.with(|l| {
+            if let Some(t) = l.borrow_mut().current.as_mut() {
                 t.dropped += self.dropped;
-                self.spans.into_iter().for_each(|s| t.push(s));
+                self.spans[..usize::from(self.len)].iter().for_each(|s| t.push(*s));
+                let depth = t.depth;
+                t.note(Step::Wake, depth, self.ended, now, 0);
             }
         });
-        record(Step::Wake, self.ended, Instant::now(), 0);
     }
 }
 
@@ -386,5 +463,37 @@ mod tests {
         within(&mut t, || brought.bring());
         let steps: Vec<_> = t.unwrap().spans().iter().map(|s| s.step).collect();
         assert_eq!(steps, [Step::Queue, Step::Disk, Step::Wake]);
+    }
+
+    #[test]
+    fn a_handoff_brings_at_most_its_inline_spans_and_counts_the_rest() {
+        let mut t = Some(Trace::new());
+        let h = within(&mut t, handoff).unwrap();
+        let ((), brought) = std::thread::spawn(move || {
+            h.run(|| {
+                for _ in 0..BROUGHT + 3 {
+                    let _d = span(Step::Disk);
+                }
+            })
+        })
+        .join()
+        .unwrap();
+        within(&mut t, || brought.bring());
+        let t = t.unwrap();
+        // The queue span and BROUGHT - 1 reads came back, four reads were counted, and the
+        // wake was noted here.
+        assert_eq!(t.spans().len(), BROUGHT + 1);
+        assert_eq!(t.spans()[0].step, Step::Queue);
+        assert_eq!(t.spans()[BROUGHT].step, Step::Wake);
+        assert_eq!(t.dropped(), 4);
+    }
+
+    #[test]
+    fn the_clock_measures_real_time() {
+        let start = Instant::now();
+        std::thread::sleep(Duration::from_millis(20));
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(19) && took < Duration::from_secs(2), "{took:?}");
+        assert_eq!(start.saturating_duration_since(Instant::now()), Duration::ZERO);
     }
 }

@@ -78,7 +78,7 @@ struct Waits {
 impl Drop for Waits {
     fn drop(&mut self) {
         if let Some(f) = self.first {
-            trace::record(Step::Body, f, f + self.waited, self.bytes);
+            trace::record(Step::Body, f, self.waited, self.bytes);
         }
     }
 }

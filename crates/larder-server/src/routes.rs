@@ -18,9 +18,8 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, PROXY_AUTHORIZATION, WWW_AUTHENTICATE};
 use hyper::{Method, Request, StatusCode};
-use larder_engine::trace::{Trace, Traced};
+use larder_engine::trace::{Instant, Trace, Traced};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Handles one request, timing it for the slow-request warning and the access log.
 /// `held` is the connection's count of held requests, given for a PUT and a GET (see [`Held`]).
@@ -30,7 +29,7 @@ pub async fn handle(
     held: Option<Held>,
 ) -> Result<Resp, std::convert::Infallible> {
     let started = Instant::now();
-    let mut trace = app.watch.slow.start();
+    let mut trace = app.watch.slow.start(started);
     let method = req.method().clone();
     // A Uri clone shares its bytes (no allocation); it is kept only for the logs below.
     let uri = req.uri().clone();
@@ -51,7 +50,7 @@ pub async fn handle_plain(app: &Arc<App>, head: &h1::Head, body: Bytes, held: Op
         match decode_key(&head.path) {
             Ok(key) if key.starts_with(RESERVED_PREFIX) => return None,
             Ok(key) => {
-                let mut trace = app.watch.slow.start();
+                let mut trace = app.watch.slow.start(started);
                 let answer = key_api(app, &head.method, key, &head.headers, ReqBody::Whole(body), held);
                 let resp = Traced::new(answer, &mut trace).await;
                 finish(app, &head.method, &head.path, started, &resp, trace);

@@ -163,7 +163,8 @@ impl Store {
         check_key(key)?;
         let sh = &*self.disk;
         let hash = sh.ring.hash(key);
-        let memory = trace::span(Step::Memory);
+        // No span for a memory tier that is off (two clock readings for nothing).
+        let memory = self.memory.is_some().then(|| trace::span(Step::Memory));
         if let Some(v) = self.memory_hit(hash, key, true, send_zstd, false) {
             return Ok(Some(Some(v)));
         }

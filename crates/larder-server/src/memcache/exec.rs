@@ -22,8 +22,8 @@ use larder_engine::{ErrorKind, Part, Store};
 /// [`run`], timed for the operator's window, and traced while a slow-request threshold is
 /// set: a slower command keeps its trace.
 pub async fn run_watched(c: &mut Conn, store: &Store, req: Request<'_>, reply: Reply) -> Result<(), End> {
-    let started = std::time::Instant::now();
-    let mut trace = c.app.watch.slow.start();
+    let started = larder_engine::trace::Instant::now();
+    let mut trace = c.app.watch.slow.start(started);
     // The key as text only for a traced command (the one that may be kept).
     let (name, key) = (req.name(), trace.is_some().then(|| crate::watch::slow::shown(req.key())));
     let r = larder_engine::trace::Traced::new(run(c, store, req, reply), &mut trace).await;

@@ -3,7 +3,7 @@
 //! longer keeps its trace here (the last [`KEEP`]) and in its warning line; the others'
 //! traces are dropped with them.
 
-use larder_engine::trace::{Span, Trace};
+use larder_engine::trace::{Instant, Span, Trace};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -54,6 +54,8 @@ pub const LOG_PER_SECOND: u64 = 10;
 impl Slow {
     /// Traces kept for requests slower than `threshold` (zero: none, and none traced).
     pub fn new(threshold: Duration) -> Slow {
+        // The clock calibrates on its first reading: here, not in the first request.
+        Instant::now();
         Slow {
             threshold_ns: AtomicU64::new(threshold.as_nanos() as u64),
             kept: Mutex::new(VecDeque::with_capacity(KEEP)),
@@ -74,10 +76,10 @@ impl Slow {
         self.threshold_ns.store(t.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// A trace for a request starting now, while a threshold is set.
+    /// A trace for a request that started at `started`, while a threshold is set.
     #[inline]
-    pub fn start(&self) -> Option<Box<Trace>> {
-        (self.threshold_ns.load(Ordering::Relaxed) != 0).then(Trace::new)
+    pub fn start(&self, started: Instant) -> Option<Box<Trace>> {
+        (self.threshold_ns.load(Ordering::Relaxed) != 0).then(|| Trace::starting(started))
     }
 
     /// Whether a request that took `elapsed` is slow.
