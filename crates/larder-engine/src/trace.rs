@@ -49,6 +49,30 @@ impl Instant {
     pub fn elapsed(self) -> Duration {
         Instant::now().saturating_duration_since(self)
     }
+
+    /// The clock's ticks since this (unscaled: to be added up and scaled once).
+    #[inline]
+    pub fn ticks_since(self, earlier: Instant) -> Ticks {
+        Ticks(self.0.saturating_sub(earlier.0))
+    }
+}
+
+/// A length of time in the clock's own unit (see [`Instant::ticks_since`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Ticks(u64);
+
+impl std::ops::AddAssign for Ticks {
+    fn add_assign(&mut self, other: Ticks) {
+        self.0 += other.0;
+    }
+}
+
+impl std::ops::Add<Ticks> for Instant {
+    type Output = Instant;
+
+    fn add(self, t: Ticks) -> Instant {
+        Instant(self.0 + t.0)
+    }
 }
 
 /// Where a request spent a span of its time.
@@ -119,13 +143,24 @@ pub struct Span {
 /// Spans a trace keeps; later ones are counted as dropped (a request of many parts).
 pub const MAX_SPANS: usize = 32;
 
+/// A span as it is noted: the clock's readings, scaled into a [`Span`] only when a trace is
+/// read (a kept one), not on every request.
+#[derive(Clone, Copy, Debug)]
+struct Noted {
+    step: Step,
+    depth: u8,
+    start: Instant,
+    end: Instant,
+    bytes: u64,
+}
+
 /// One request's spans.
 #[derive(Debug)]
 pub struct Trace {
     id: u64,
     origin: Instant,
     depth: u8,
-    spans: Vec<Span>,
+    spans: Vec<Noted>,
     dropped: u32,
 }
 
@@ -198,8 +233,16 @@ impl Trace {
     }
 
     /// The spans, in the order they ended.
-    pub fn spans(&self) -> &[Span] {
-        &self.spans
+    pub fn spans(&self) -> Vec<Span> {
+        let ns = |a: Instant, b: Instant| b.saturating_duration_since(a).as_nanos() as u64;
+        let span = |n: &Noted| Span {
+            step: n.step,
+            depth: n.depth,
+            start_ns: ns(self.origin, n.start),
+            dur_ns: ns(n.start, n.end),
+            bytes: n.bytes,
+        };
+        self.spans.iter().map(span).collect()
     }
 
     /// Spans not kept (past [`MAX_SPANS`]).
@@ -207,7 +250,7 @@ impl Trace {
         self.dropped
     }
 
-    fn push(&mut self, s: Span) {
+    fn push(&mut self, s: Noted) {
         if self.spans.len() < MAX_SPANS {
             self.spans.push(s);
         } else {
@@ -217,9 +260,7 @@ impl Trace {
 
     /// Notes a span from `start` to `end`.
     fn note(&mut self, step: Step, depth: u8, start: Instant, end: Instant, bytes: u64) {
-        let start_ns = start.saturating_duration_since(self.origin).as_nanos() as u64;
-        let dur_ns = end.saturating_duration_since(start).as_nanos() as u64;
-        self.push(Span { step, depth, start_ns, dur_ns, bytes });
+        self.push(Noted { step, depth, start, end, bytes });
     }
 }
 
@@ -261,23 +302,12 @@ pub fn span(step: Step) -> Open {
     }))
 }
 
-/// Notes a span of `step` that ran from `start` for `dur`, at the current depth.
-pub fn record(step: Step, start: Instant, dur: Duration, bytes: u64) {
-    LOCAL.with(|l| {
-        if let Some(t) = l.borrow_mut().current.as_mut() {
-            let start_ns = start.saturating_duration_since(t.origin).as_nanos() as u64;
-            let depth = t.depth;
-            t.push(Span { step, depth, start_ns, dur_ns: dur.as_nanos() as u64, bytes });
-        }
-    })
-}
-
-/// Notes a span of `step` from `start` to `end`, at the current depth.
-fn record_until(step: Step, start: Instant, end: Instant) {
+/// Notes a span of `step` that ran from `start` to `end`, at the current depth.
+pub fn record(step: Step, start: Instant, end: Instant, bytes: u64) {
     LOCAL.with(|l| {
         if let Some(t) = l.borrow_mut().current.as_mut() {
             let depth = t.depth;
-            t.note(step, depth, start, end, 0);
+            t.note(step, depth, start, end, bytes);
         }
     })
 }
@@ -334,7 +364,7 @@ const BROUGHT: usize = 8;
 /// What a handed-off call noted, and when it ended: held inline, so that a call on the pool
 /// allocates nothing for its trace.
 pub struct Brought {
-    spans: [Span; BROUGHT],
+    spans: [Noted; BROUGHT],
     len: u8,
     dropped: u32,
     ended: Instant,
@@ -358,13 +388,14 @@ impl Handoff {
     pub fn run<R>(self, f: impl FnOnce() -> R) -> (R, Brought) {
         let mut t = Some(LOCAL.with(|l| l.borrow_mut().trace(self.id, self.origin, self.depth)));
         let r = within(&mut t, || {
-            record_until(Step::Queue, self.sent, Instant::now());
+            record(Step::Queue, self.sent, Instant::now(), 0);
             f()
         });
         let t = t.expect("within gives the trace back");
-        let empty = Span { step: Step::Send, depth: 0, start_ns: 0, dur_ns: 0, bytes: 0 };
-        let mut brought = Brought { spans: [empty; BROUGHT], len: 0, dropped: t.dropped, ended: Instant::now() };
-        for s in t.spans() {
+        let ended = Instant::now();
+        let empty = Noted { step: Step::Send, depth: 0, start: ended, end: ended, bytes: 0 };
+        let mut brought = Brought { spans: [empty; BROUGHT], len: 0, dropped: t.dropped, ended };
+        for s in &t.spans {
             if usize::from(brought.len) < BROUGHT {
                 brought.spans[usize::from(brought.len)] = *s;
                 brought.len += 1;

@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::StatusCode;
-use larder_engine::trace::{self, Instant, Step};
+use larder_engine::trace::{self, Instant, Step, Ticks};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,13 +44,13 @@ pub async fn read_body(
     let mut clock = BodyClock::new();
     // A traced request's waits for the client's bytes, as one span (the budget's waits
     // between them are spans of their own), noted however the body ends.
-    let mut waits = Waits { traced: trace::active(), first: None, waited: std::time::Duration::ZERO, bytes: 0 };
+    let mut waits = Waits { traced: trace::active(), first: None, waited: Ticks::default(), bytes: 0 };
     loop {
         let asked = waits.traced.then(Instant::now);
         let frame = next_frame(app, &mut body, &mut clock).await;
         if let Some(t) = asked {
             waits.first.get_or_insert(t);
-            waits.waited += t.elapsed();
+            waits.waited += Instant::now().ticks_since(t);
         }
         let Some(frame) = frame? else { break };
         let Ok(data) = frame.map_err(BodyError::Broken)?.into_data() else { continue };
@@ -71,14 +71,14 @@ pub async fn read_body(
 struct Waits {
     traced: bool,
     first: Option<Instant>,
-    waited: std::time::Duration,
+    waited: Ticks,
     bytes: u64,
 }
 
 impl Drop for Waits {
     fn drop(&mut self) {
         if let Some(f) = self.first {
-            trace::record(Step::Body, f, self.waited, self.bytes);
+            trace::record(Step::Body, f, f + self.waited, self.bytes);
         }
     }
 }

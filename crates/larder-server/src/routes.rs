@@ -85,7 +85,7 @@ fn finish(app: &App, method: &Method, path: &str, started: Instant, resp: &Resp,
         // would push the traces of the requests being looked for out of the list.
         tracing::warn!(%method, path, status, millis = elapsed.as_millis() as u64, "slow admin request");
     } else if app.watch.slow.is_slow(elapsed) {
-        let (spans, dropped) = trace.as_ref().map_or((Vec::new(), 0), |t| (t.spans().to_vec(), t.dropped()));
+        let (spans, dropped) = trace.as_ref().map_or((Vec::new(), 0), |t| (t.spans(), t.dropped()));
         app.watch.slow.keep(SlowTrace {
             at_ms: larder_engine::now_ms(),
             door: crate::watch::DOORS[door as usize],

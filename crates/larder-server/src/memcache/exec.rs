@@ -30,7 +30,7 @@ pub async fn run_watched(c: &mut Conn, store: &Store, req: Request<'_>, reply: R
     let elapsed = started.elapsed();
     c.app.watch.memcache(elapsed);
     if c.app.watch.slow.is_slow(elapsed) {
-        let (spans, dropped) = trace.as_ref().map_or((Vec::new(), 0), |t| (t.spans().to_vec(), t.dropped()));
+        let (spans, dropped) = trace.as_ref().map_or((Vec::new(), 0), |t| (t.spans(), t.dropped()));
         c.app.watch.slow.keep(crate::watch::slow::SlowTrace {
             at_ms: larder_engine::now_ms(),
             door: if reply.binary() { "memcache_binary" } else { "memcache_text" },
