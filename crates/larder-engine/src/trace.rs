@@ -250,6 +250,12 @@ impl Trace {
         self.dropped
     }
 
+    /// Notes a span of `step` from `start` to `end` outside any other (a request's last: its
+    /// answer's sending, after its future is done).
+    pub fn add(&mut self, step: Step, start: Instant, end: Instant, bytes: u64) {
+        self.note(step, 0, start, end, bytes);
+    }
+
     fn push(&mut self, s: Noted) {
         if self.spans.len() < MAX_SPANS {
             self.spans.push(s);

@@ -29,6 +29,34 @@ pub enum Body {
     Stream {
         rx: tokio::sync::mpsc::Receiver<Result<Bytes, larder_engine::Error>>,
     },
+    /// A streamed body followed to its end (a traced request's, whose time runs until its
+    /// last piece is handed to the connection): see [`Ended`].
+    Watched(Box<Body>, Ended),
+}
+
+/// What runs when a watched body ends: once, with the bytes it passed on, when it is done,
+/// fails, or is dropped unfinished (the client gone).
+pub struct Ended {
+    then: Option<Box<dyn FnOnce(u64) + Send>>,
+    sent: u64,
+}
+
+impl Ended {
+    pub fn new(then: impl FnOnce(u64) + Send + 'static) -> Ended {
+        Ended { then: Some(Box::new(then)), sent: 0 }
+    }
+
+    fn end(&mut self) {
+        if let Some(then) = self.then.take() {
+            then(self.sent);
+        }
+    }
+}
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.end();
+    }
 }
 
 impl Body {
@@ -64,6 +92,15 @@ impl hyper::body::Body for Body {
                 Poll::Ready(None) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
             },
+            Body::Watched(body, ended) => {
+                let frame = Pin::new(&mut **body).poll_frame(cx);
+                match &frame {
+                    Poll::Ready(Some(Ok(f))) => ended.sent += f.data_ref().map_or(0, |d| d.len() as u64),
+                    Poll::Ready(_) => ended.end(),
+                    Poll::Pending => {}
+                }
+                frame
+            }
             Body::Stream { rx } => match rx.poll_recv(cx) {
                 Poll::Ready(Some(Ok(b))) if b.is_empty() => {
                     rx.close();
@@ -82,6 +119,7 @@ impl hyper::body::Body for Body {
             Body::Full(f) => f.is_end_stream(),
             Body::Pieces { left, .. } => *left == 0,
             Body::Stream { .. } => false,
+            Body::Watched(body, _) => body.is_end_stream(),
         }
     }
 
@@ -90,6 +128,7 @@ impl hyper::body::Body for Body {
             Body::Full(f) => f.size_hint(),
             Body::Pieces { left, .. } => SizeHint::with_exact(*left),
             Body::Stream { .. } => SizeHint::default(),
+            Body::Watched(body, _) => body.size_hint(),
         }
     }
 }

@@ -11,14 +11,14 @@ use crate::guard::{Door, Identity, Permission, Refusal, Session};
 use crate::h1;
 use crate::headers;
 use crate::key::{decode_key, KeyError, RESERVED_PREFIX};
-use crate::reply::{method_not_allowed, text, Resp};
+use crate::reply::{method_not_allowed, text, Body, Ended, Resp};
 use crate::watch::slow::{shown, SlowTrace};
 use crate::watch::Door as WatchDoor;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, PROXY_AUTHORIZATION, WWW_AUTHENTICATE};
 use hyper::{Method, Request, StatusCode};
-use larder_engine::trace::{Instant, Trace, Traced};
+use larder_engine::trace::{Instant, Step, Trace, Traced};
 use std::sync::Arc;
 
 /// Handles one request, timing it for the slow-request warning and the access log.
@@ -34,8 +34,7 @@ pub async fn handle(
     // A Uri clone shares its bytes (no allocation); it is kept only for the logs below.
     let uri = req.uri().clone();
     let resp = Traced::new(route(&app, req, held), &mut trace).await;
-    finish(&app, &method, uri.path(), started, &resp, trace);
-    Ok(resp)
+    Ok(finish(&app, &method, uri.path(), started, resp, trace))
 }
 
 /// A plain request of the key API, read by the server's own HTTP/1.1 connection
@@ -53,19 +52,26 @@ pub async fn handle_plain(app: &Arc<App>, head: &h1::Head, body: Bytes, held: Op
                 let mut trace = app.watch.slow.start(started);
                 let answer = key_api(app, &head.method, key, &head.headers, ReqBody::Whole(body), held);
                 let resp = Traced::new(answer, &mut trace).await;
-                finish(app, &head.method, &head.path, started, &resp, trace);
-                return Some(resp);
+                return Some(finish(app, &head.method, &head.path, started, resp, trace));
             }
             Err(e) => text(StatusCode::BAD_REQUEST, e.message()),
         }
     };
-    finish(app, &head.method, &head.path, started, &resp, None);
-    Some(resp)
+    Some(finish(app, &head.method, &head.path, started, resp, None))
 }
 
 /// Counts an answered request in the metrics and the operator's window, and logs it if asked
-/// to; a slow one keeps its trace.
-fn finish(app: &App, method: &Method, path: &str, started: Instant, resp: &Resp, trace: Option<Box<Trace>>) {
+/// to; a slow one keeps its trace. A traced answer that is streamed (a large value, an
+/// origin's body) is judged when its last piece has been handed to the connection, its
+/// sending a `send` span: a client that reads slowly, or pieces slow to read, show there.
+fn finish(
+    app: &Arc<App>,
+    method: &Method,
+    path: &str,
+    started: Instant,
+    resp: Resp,
+    trace: Option<Box<Trace>>,
+) -> Resp {
     let elapsed = started.elapsed();
     let status = resp.status().as_u16();
     let admin = path.starts_with("/_larder/");
@@ -80,11 +86,45 @@ fn finish(app: &App, method: &Method, path: &str, started: Instant, resp: &Resp,
         let bytes = hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0);
         tracing::info!(target: "larder::access", %method, path, status, bytes, micros = elapsed.as_micros() as u64);
     }
-    if admin && app.watch.slow.is_slow(elapsed) {
+    if admin {
         // The operator's own requests (the page polls every second) keep no trace: they
         // would push the traces of the requests being looked for out of the list.
-        tracing::warn!(%method, path, status, millis = elapsed.as_millis() as u64, "slow admin request");
-    } else if app.watch.slow.is_slow(elapsed) {
+        if app.watch.slow.is_slow(elapsed) {
+            tracing::warn!(%method, path, status, millis = elapsed.as_millis() as u64, "slow admin request");
+        }
+        if let Some(t) = trace {
+            t.recycle();
+        }
+        return resp;
+    }
+    if trace.is_some() && !matches!(resp.body(), Body::Full(_)) {
+        let answered = Instant::now();
+        let (app, method, path, mut trace) = (app.clone(), method.clone(), path.to_owned(), trace);
+        let (parts, body) = resp.into_parts();
+        let ended = Ended::new(move |sent| {
+            let end = Instant::now();
+            if let Some(t) = &mut trace {
+                t.add(Step::Send, answered, end, sent);
+            }
+            keep_if_slow(&app, door, &method, &path, status, end.saturating_duration_since(started), trace);
+        });
+        return Resp::from_parts(parts, Body::Watched(Box::new(body), ended));
+    }
+    keep_if_slow(app, door, method, path, status, elapsed, trace);
+    resp
+}
+
+/// Keeps the trace of a request that took `total`, if that is slow; gives the trace's memory back.
+fn keep_if_slow(
+    app: &App,
+    door: WatchDoor,
+    method: &Method,
+    path: &str,
+    status: u16,
+    total: std::time::Duration,
+    trace: Option<Box<Trace>>,
+) {
+    if app.watch.slow.is_slow(total) {
         let (spans, dropped) = trace.as_ref().map_or((Vec::new(), 0), |t| (t.spans(), t.dropped()));
         app.watch.slow.keep(SlowTrace {
             at_ms: larder_engine::now_ms(),
@@ -92,7 +132,7 @@ fn finish(app: &App, method: &Method, path: &str, started: Instant, resp: &Resp,
             method: method.to_string(),
             key: shown(path.as_bytes()),
             status: status.to_string(),
-            total: elapsed,
+            total,
             spans,
             dropped,
         });

@@ -1,7 +1,7 @@
 //! The operator's window (issue 43) from outside: slow requests' traces (a read slowed by the
-//! fault layer, a slow origin, a wait for the body budget) whose spans add up to the request's
-//! time and name where it waited, and nothing kept under the threshold; the threshold changed
-//! at run time; hot keys per door; `larder top --once` against a node and a 3-node ring,
+//! fault layer, a slow origin, a wait for the body budget, a client reading a large value
+//! slowly) whose spans add up to the request's time and name where it waited, and nothing
+//! kept under the threshold; the threshold changed at run time; hot keys per door; `larder top --once` against a node and a 3-node ring,
 //! checked against the stats; and every endpoint of the window under the policy (token,
 //! read-only, hostile query strings).
 
@@ -166,6 +166,31 @@ fn a_put_that_waits_for_the_body_budget_names_the_wait() {
     check_spans(&t, "budget_wait", 500.0);
     let first = trace_of(&s, "/first");
     assert!(first["spans"].as_array().unwrap().iter().all(|s| s["step"] != "budget_wait"), "{first:#}");
+}
+
+#[test]
+fn a_large_value_read_slowly_by_its_client_names_the_send() {
+    let s = Server::start(&["--chunk-size", "64KiB", "--slow-request", "150ms"]);
+    let value = bytes(5, 16 << 20);
+    assert_eq!(s.client().put("/large", &value).status, 200);
+    // More than the loopback's buffers hold: the server waits for the client to read on.
+    let mut sock = TcpStream::connect(s.addr).unwrap();
+    write!(sock, "GET /large HTTP/1.1\r\nHost: larder\r\nConnection: close\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut sock, &mut got).unwrap();
+    assert!(got.starts_with(b"HTTP/1.1 200 ") && got.ends_with(&value[value.len() - 4096..]));
+    let t = trace_of(&s, "/large");
+    check_spans(&t, "send", 300.0);
+    let send = t["spans"].as_array().unwrap().iter().find(|s| s["step"] == "send").unwrap().clone();
+    assert_eq!(send["bytes"], 16 << 20, "{t:#}");
+
+    // A large value read at once, under the threshold, keeps nothing.
+    assert_eq!(s.client().request("POST", "/_larder/slow?threshold=2s", &[], b"").status, 200);
+    let seen = json(&s, "/_larder/stats")["slow"]["seen"].as_u64().unwrap();
+    let r = s.client().get("/large");
+    assert_eq!((r.status, r.body.len()), (200, 16 << 20));
+    assert_eq!(json(&s, "/_larder/stats")["slow"]["seen"].as_u64().unwrap(), seen, "{:#?}", slow_traces(&s));
 }
 
 #[test]
