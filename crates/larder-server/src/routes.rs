@@ -33,8 +33,9 @@ pub async fn handle(
     let method = req.method().clone();
     // A Uri clone shares its bytes (no allocation); it is kept only for the logs below.
     let uri = req.uri().clone();
-    let resp = Traced::new(route(&app, req, held), &mut trace).await;
-    Ok(finish(&app, &method, uri.path(), started, resp, trace))
+    let mut resp = Traced::new(route(&app, req, held), &mut trace).await;
+    finish(&app, &method, uri.path(), started, &mut resp, trace);
+    Ok(resp)
 }
 
 /// A plain request of the key API, read by the server's own HTTP/1.1 connection
@@ -43,7 +44,7 @@ pub async fn handle(
 /// connection then hands it to hyper.
 pub async fn handle_plain(app: &Arc<App>, head: &h1::Head, body: Bytes, held: Option<Held>) -> Option<Resp> {
     let started = Instant::now();
-    let resp = if head.target_len as u64 > app.settings.max_uri_size {
+    let mut resp = if head.target_len as u64 > app.settings.max_uri_size {
         text(StatusCode::URI_TOO_LONG, "URI too long\n")
     } else {
         match decode_key(&head.path) {
@@ -51,27 +52,22 @@ pub async fn handle_plain(app: &Arc<App>, head: &h1::Head, body: Bytes, held: Op
             Ok(key) => {
                 let mut trace = app.watch.slow.start(started);
                 let answer = key_api(app, &head.method, key, &head.headers, ReqBody::Whole(body), held);
-                let resp = Traced::new(answer, &mut trace).await;
-                return Some(finish(app, &head.method, &head.path, started, resp, trace));
+                let mut resp = Traced::new(answer, &mut trace).await;
+                finish(app, &head.method, &head.path, started, &mut resp, trace);
+                return Some(resp);
             }
             Err(e) => text(StatusCode::BAD_REQUEST, e.message()),
         }
     };
-    Some(finish(app, &head.method, &head.path, started, resp, None))
+    finish(app, &head.method, &head.path, started, &mut resp, None);
+    Some(resp)
 }
 
 /// Counts an answered request in the metrics and the operator's window, and logs it if asked
 /// to; a slow one keeps its trace. A traced answer that is streamed (a large value, an
 /// origin's body) is judged when its last piece has been handed to the connection, its
 /// sending a `send` span: a client that reads slowly, or pieces slow to read, show there.
-fn finish(
-    app: &Arc<App>,
-    method: &Method,
-    path: &str,
-    started: Instant,
-    resp: Resp,
-    trace: Option<Box<Trace>>,
-) -> Resp {
+fn finish(app: &Arc<App>, method: &Method, path: &str, started: Instant, resp: &mut Resp, trace: Option<Box<Trace>>) {
     let elapsed = started.elapsed();
     let status = resp.status().as_u16();
     let admin = path.starts_with("/_larder/");
@@ -95,12 +91,11 @@ fn finish(
         if let Some(t) = trace {
             t.recycle();
         }
-        return resp;
+        return;
     }
     if trace.is_some() && !matches!(resp.body(), Body::Full(_)) {
         let answered = Instant::now();
         let (app, method, path, mut trace) = (app.clone(), method.clone(), path.to_owned(), trace);
-        let (parts, body) = resp.into_parts();
         let ended = Ended::new(move |sent| {
             let end = Instant::now();
             if let Some(t) = &mut trace {
@@ -108,10 +103,11 @@ fn finish(
             }
             keep_if_slow(&app, door, &method, &path, status, end.saturating_duration_since(started), trace);
         });
-        return Resp::from_parts(parts, Body::Watched(Box::new(body), ended));
+        let body = std::mem::replace(resp.body_mut(), Body::full(Bytes::new()));
+        *resp.body_mut() = Body::Watched(Box::new(body), ended);
+        return;
     }
     keep_if_slow(app, door, method, path, status, elapsed, trace);
-    resp
 }
 
 /// Keeps the trace of a request that took `total`, if that is slow; gives the trace's memory back.
