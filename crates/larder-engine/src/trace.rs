@@ -7,8 +7,8 @@
 //!
 //! With no current trace a span is one thread-local check: no clock is read. With one, the
 //! clock is quanta's source read raw (the TSC where it is steady: a few instructions, no
-//! system call) and scaled only when a span ends, and a finished trace's memory is kept by
-//! its thread for the next request.
+//! system call) and scaled only when a kept trace's spans are read, and a finished trace's
+//! memory is kept by its thread for the next request.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -223,8 +223,16 @@ impl Trace {
     }
 
     /// Gives a finished trace's memory back to this thread, for its next request.
+    /// (A thread already holding one keeps it; a thread ending, whose locals are gone, drops
+    /// this one: a streamed answer's trace is given back from its body's drop, wherever that
+    /// runs.)
     pub fn recycle(self: Box<Trace>) {
-        LOCAL.with(|l| l.borrow_mut().spare = Some(self));
+        let _ = LOCAL.try_with(|l| {
+            let spare = &mut l.borrow_mut().spare;
+            if spare.is_none() {
+                *spare = Some(self);
+            }
+        });
     }
 
     /// When the trace's time starts.

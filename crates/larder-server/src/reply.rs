@@ -183,3 +183,61 @@ pub fn engine_error(e: &larder_engine::Error, op: Op) -> Resp {
     }
     text_owned(status, format!("{e}\n"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::sync::{Arc, Mutex};
+
+    type Pieces = tokio::sync::mpsc::Sender<Result<Bytes, larder_engine::Error>>;
+
+    /// A watched body of `len` bytes in pieces, its sender, and what its `Ended` was told,
+    /// each time.
+    fn watched(len: u64) -> (Body, Pieces, Arc<Mutex<Vec<u64>>>) {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let t = told.clone();
+        let body =
+            Body::Watched(Box::new(Body::Pieces { rx, left: len }), Ended::new(move |n| t.lock().unwrap().push(n)));
+        (body, tx, told)
+    }
+
+    #[tokio::test]
+    async fn a_watched_body_ends_once_however_it_ends() {
+        // Read to its end: told once, with every byte, though dropped afterwards too.
+        let (mut body, tx, told) = watched(6);
+        tx.send(Ok(Bytes::from_static(b"abc"))).await.unwrap();
+        tx.send(Ok(Bytes::from_static(b"def"))).await.unwrap();
+        drop(tx);
+        assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), "abc");
+        assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), "def");
+        assert!(hyper::body::Body::is_end_stream(&body), "its length is its head's");
+        assert!(body.frame().await.is_none());
+        drop(body);
+        assert_eq!(*told.lock().unwrap(), [6]);
+
+        // Its last piece taken and then dropped (hyper stops at `is_end_stream`): told on drop.
+        let (mut body, tx, told) = watched(3);
+        tx.send(Ok(Bytes::from_static(b"abc"))).await.unwrap();
+        body.frame().await.unwrap().unwrap();
+        assert!(told.lock().unwrap().is_empty());
+        drop(body);
+        assert_eq!(*told.lock().unwrap(), [3]);
+
+        // The client gone halfway: told on drop, with what was passed on.
+        let (mut body, tx, told) = watched(6);
+        tx.send(Ok(Bytes::from_static(b"abc"))).await.unwrap();
+        body.frame().await.unwrap().unwrap();
+        drop(body);
+        assert_eq!(*told.lock().unwrap(), [3]);
+
+        // A piece that failed: told when the error is passed on, and not again on drop.
+        let (mut body, tx, told) = watched(6);
+        tx.send(Err(larder_engine::Error::new(ErrorKind::Corrupt, "a chunk lost"))).await.unwrap();
+        assert!(body.frame().await.unwrap().is_err());
+        assert_eq!(*told.lock().unwrap(), [0]);
+        drop(body);
+        assert_eq!(*told.lock().unwrap(), [0]);
+    }
+}

@@ -1,9 +1,9 @@
 //! The operator's window (issue 43) from outside: slow requests' traces (a read slowed by the
 //! fault layer, a slow origin, a wait for the body budget, a client reading a large value
 //! slowly) whose spans add up to the request's time and name where it waited, and nothing
-//! kept under the threshold; the threshold changed at run time; hot keys per door; `larder top --once` against a node and a 3-node ring,
-//! checked against the stats; and every endpoint of the window under the policy (token,
-//! read-only, hostile query strings).
+//! kept under the threshold; the threshold changed at run time; hot keys per door; `larder
+//! top --once` against a node and a 3-node ring, checked against the stats; and every
+//! endpoint of the window under the policy (token, read-only, hostile query strings).
 
 mod common;
 use common::mc::Mc;
@@ -181,6 +181,7 @@ fn a_large_value_read_slowly_by_its_client_names_the_send() {
     std::io::Read::read_to_end(&mut sock, &mut got).unwrap();
     assert!(got.starts_with(b"HTTP/1.1 200 ") && got.ends_with(&value[value.len() - 4096..]));
     let t = trace_of(&s, "/large");
+    assert_eq!(t["method"], "GET", "{t:#}");
     check_spans(&t, "send", 300.0);
     let send = t["spans"].as_array().unwrap().iter().find(|s| s["step"] == "send").unwrap().clone();
     assert_eq!(send["bytes"], 16 << 20, "{t:#}");
