@@ -71,6 +71,9 @@ cpu_per_request() {
   python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(round(j["req_per_s"]), round((int(sys.argv[3]) - int(sys.argv[2])) * 1e6 / int(sys.argv[4]) / j["requests"], 2))' \
     "$work/$1.json" "$2" "$3" "$hz"
 }
+label=""
+[ "$PROTOCOL" = memcache ] && label=" (memcached protocol)"
+[ -n "${A_ARGS:-}${B_ARGS:-}" ] && label="$label, A: \`${A_ARGS:-}\`, B: \`${B_ARGS:-}\`"
 if [ "${TOGETHER:-0}" = 1 ]; then
   for round in $(seq "$ROUNDS"); do
     a0=$(cpu_ticks a)
@@ -90,9 +93,6 @@ if [ "${TOGETHER:-0}" = 1 ]; then
     b1=$(cpu_ticks b)
     echo "$round $(cpu_per_request a "$a0" "$a1") $(cpu_per_request b "$b0" "$b1")" | tee -a "$results" >&2
   done
-  label=""
-  [ "$PROTOCOL" = memcache ] && label=" (memcached protocol)"
-  [ -n "${A_ARGS:-}${B_ARGS:-}" ] && label="$label, A: \`${A_ARGS:-}\`, B: \`${B_ARGS:-}\`"
   python3 - "$results" "$*" "$WORKLOAD" "$SIZE" "$label" <<'EOF2'
 import statistics, sys
 rows = [[float(x) for x in l.split()] for l in open(sys.argv[1])]
@@ -117,9 +117,6 @@ for round in $(seq "$ROUNDS"); do
     echo "$name $(cpu_per_request $name "$t0" "$t1")" | tee -a "$results" >&2
   done
 done
-label=""
-[ "$PROTOCOL" = memcache ] && label=" (memcached protocol)"
-[ -n "${A_ARGS:-}${B_ARGS:-}" ] && label="$label, A: \`${A_ARGS:-}\`, B: \`${B_ARGS:-}\`"
 python3 - "$results" "$*" "$WORKLOAD" "$SIZE" "$label" <<'EOF2'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
